@@ -1,0 +1,45 @@
+# The course in two commands: `make run` executes it, `make test` checks it.
+PROFILE ?= auto
+ONLY ?=
+BIN := .venv/bin
+LAB_PORT ?= 8888
+
+.PHONY: help setup run test lint unit notebooks lab refresh clean
+
+help:
+	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
+	@echo "make test     lint, unit tests, notebook tests; the tree must stay clean"
+	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
+	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
+	@echo "make clean    remove build/ (models included); .venv stays"
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	@$(BIN)/python -m helpers.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+
+lint: setup
+	$(BIN)/ruff check helpers tests notebooks
+
+unit: setup
+	$(BIN)/python -m pytest tests -ra
+
+notebooks: setup
+	COURSE_PROFILE=smoke $(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 notebooks
+
+test: lint unit notebooks
+	@if [ -n "$$(git status --porcelain)" ]; then \
+		echo "make test left the git tree dirty:"; git status --porcelain; exit 1; \
+	else echo "git tree clean after the tests."; fi
+
+lab: setup
+	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser \
+		--ServerApp.root_dir=$(CURDIR) --ServerApp.token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))")
+
+refresh: setup
+	@$(BIN)/python -m helpers.runner refresh $(if $(ONLY),--only $(ONLY))
+
+clean:
+	rm -rf build

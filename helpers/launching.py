@@ -1,0 +1,366 @@
+"""Launch torchrun and the swift CLI from a notebook cell, boringly and safely.
+
+Every launch prints the exact command first (paste it into a terminal to run it yourself), picks a
+free port, streams each line live with its rank in front, stops the whole process tree on timeout
+or on the stop button, turns a failing rank into an exception that quotes its exit code and the end
+of its traceback, and returns what each rank saved with :func:`save_result`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from helpers import paths
+from helpers.errors import CourseError
+
+RESULTS_ENV = "COURSE_RESULTS_DIR"
+RANK_PREFIX = "[rank${rank}]:"
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]:(?:\[rank\1\]: ?)?(.*)$")  # torch may add its own prefix
+_LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
+_LAUNCHER_CHATTER = re.compile(r"^[WI]\d{4} ")  # its warnings and info: kept in .lines, not shown
+_TAIL = 12
+
+
+class LaunchError(CourseError):
+    """A launched job failed: which rank, with which exit code, and how its traceback ended."""
+
+    def __init__(self, message: str, *, rank=None, exitcode=None, tail=()):
+        super().__init__(message)
+        self.rank, self.exitcode, self.tail = rank, exitcode, list(tail)
+
+
+class LaunchTimeout(LaunchError):
+    """A launched job ran past its timeout and was stopped."""
+
+
+@dataclass
+class LaunchResult:
+    """What a finished launch left behind."""
+
+    command: str
+    returncode: int
+    seconds: float
+    results: list  # per rank: what save_result wrote (None where a rank wrote nothing)
+    lines: list[str] = field(repr=False)
+    log_dir: Path | None = None
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+# --- used inside the launched scripts -----------------------------------------------------------
+
+
+def save_result(data) -> Path | None:
+    """In a launched script: save this rank's JSON-serialisable result for the notebook to read."""
+    folder = os.environ.get(RESULTS_ENV)
+    if not folder:
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    path = Path(folder) / f"rank{rank}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+    return path
+
+
+# --- process plumbing -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port nobody is listening on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kill_tree(pid: int, grace: float = 3.0) -> int:
+    """Stop ``pid`` and every process below it (TERM, then KILL); returns how many were stopped.
+
+    torchrun starts each worker in its own session, so signalling a process group is not enough:
+    the tree is walked, and walked again for anything started while it was being stopped.
+    """
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return 0
+    seen: dict[int, psutil.Process] = {}
+
+    def collect():
+        found = [root]
+        with_children = [root]
+        try:
+            with_children += root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        for proc in list(seen.values()):
+            try:
+                with_children += proc.children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        found = with_children
+        for proc in found:
+            seen.setdefault(proc.pid, proc)
+        return found
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in collect():
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(list(seen.values()), timeout=grace)
+        if not alive and not collect()[1:]:
+            break
+    return len(seen)
+
+
+class Launch:
+    """One command to run: prepared here, started and watched by :func:`run`."""
+
+    def __init__(self, argv, *, env=None, label="", timeout=600, cwd=None, log_dir=None):
+        self.argv = [str(a) for a in argv]
+        self.extra_env = {k: str(v) for k, v in (env or {}).items()}
+        self.label = label
+        self.timeout = timeout
+        self.cwd = cwd
+        self.log_dir = log_dir
+        self.results_dir = paths.run_dir("launches", f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        self.extra_env.setdefault(RESULTS_ENV, str(self.results_dir))
+        self.proc = None
+        self.lines: list[str] = []
+        self.per_rank: dict[int, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=400)
+        )
+        self._queue: queue.Queue = queue.Queue()
+
+    @property
+    def command(self) -> str:
+        """The exact command, with the environment variables this launch sets, ready to paste."""
+        shown = {k: v for k, v in self.extra_env.items() if k != RESULTS_ENV}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+    def start(self) -> None:
+        import subprocess
+
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        print(f"$ {self.command}", flush=True)
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def drain(self, show: bool, tag: str) -> bool:
+        """Print what arrived; True once the output has ended."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if line is None:
+                return True
+            self.lines.append(line)
+            match = _RANK_LINE.match(line)
+            if match:
+                self.per_rank[int(match.group(1))].append(match.group(2))
+            if show and not _LAUNCHER_CHATTER.match(line):
+                print(f"{tag}{line}", flush=True)
+
+    def stop(self) -> int:
+        return kill_tree(self.proc.pid) if self.proc else 0
+
+    def result(self) -> LaunchResult:
+        files = sorted(self.results_dir.glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+        ranks = [int(p.stem[4:]) for p in files]
+        results = [None] * (max(ranks) + 1 if ranks else 0)
+        for rank, path in zip(ranks, files, strict=True):
+            results[rank] = json.loads(path.read_text())
+        return LaunchResult(
+            command=self.command,
+            returncode=self.proc.returncode,
+            seconds=time.perf_counter() - self.started,
+            results=results,
+            lines=self.lines,
+            log_dir=self.log_dir,
+        )
+
+    def failure(self) -> LaunchError:
+        """Explain a non-zero exit: the first failing rank, its exit code, its traceback's end."""
+        text = "\n".join(self.lines)
+        rank = exitcode = None
+        root = text.rfind("Root Cause")
+        if root >= 0:
+            found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text[root:], re.S)
+            if found:
+                rank, exitcode = int(found.group(1)), int(found.group(2))
+        if rank is None:
+            exitcode = self.proc.returncode
+        own = list(self.per_rank.get(rank, [])) if rank is not None else []
+        if not own:  # a single process, or output without rank prefixes
+            own = [ln for ln in self.lines if not ln.startswith("[rank") and not _LAUNCHER_LOG.match(ln)]
+        starts = [i for i, ln in enumerate(own) if ln.startswith("Traceback")]
+        tail = own[starts[-1] :] if starts else own
+        tail = [ln for ln in tail if ln.strip()][-_TAIL:]
+        who = f"rank {rank}" if rank is not None else (self.label or self.argv[0])
+        signame = ""
+        if exitcode is not None and exitcode < 0:
+            try:
+                signame = f" ({signal.Signals(-exitcode).name})"
+            except ValueError:
+                pass
+        message = f"{who} failed with exit code {exitcode}{signame}."
+        if tail:
+            message += " The end of its output:\n    " + "\n    ".join(tail)
+        return LaunchError(message, rank=rank, exitcode=exitcode, tail=tail)
+
+
+def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> list[LaunchResult]:
+    """Start ``launches`` together, stream their output, and wait for all of them.
+
+    Raises LaunchTimeout after ``timeout`` seconds (default: the largest launch timeout) and
+    LaunchError when any launch exits non-zero; in every case no process is left running.
+    """
+    timeout = timeout or max(launch.timeout for launch in launches)
+    tags = {
+        id(launch): (f"[{launch.label}] " if len(launches) > 1 and launch.label else "")
+        for launch in launches
+    }
+    done: set[int] = set()
+    try:
+        for launch in launches:
+            launch.start()
+        deadline = time.monotonic() + timeout
+        while len(done) < len(launches):
+            for launch in launches:
+                if id(launch) not in done and launch.drain(show, tags[id(launch)]):
+                    launch.proc.wait()
+                    done.add(id(launch))
+                    if launch.proc.returncode != 0:
+                        raise launch.failure()
+            if time.monotonic() > deadline:
+                tail = [
+                    ln
+                    for launch in launches
+                    for ln in [x for x in launch.lines if not _LAUNCHER_LOG.match(x)][-6:]
+                ]
+                stopped = sum(launch.stop() for launch in launches)
+                raise LaunchTimeout(
+                    f"the job did not finish within {timeout:g} s, so all {stopped} of its processes "
+                    "were stopped. Its last lines:\n    "
+                    + "\n    ".join(tail)
+                    + "\n  Raise `timeout=` if it is just slow, or see notebook 09 on debugging hangs."
+                )
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        stopped = sum(launch.stop() for launch in launches)
+        print(f"Interrupted: stopped {stopped} process(es); nothing is left running.", flush=True)
+        raise
+    except LaunchError:
+        for launch in launches:
+            launch.stop()
+        raise
+    finally:
+        for launch in launches:
+            if launch.proc and launch.proc.poll() is None:
+                launch.stop()
+            if launch.proc:
+                launch.proc.wait()
+    return [launch.result() for launch in launches]
+
+
+# --- the two launchers a lesson uses ------------------------------------------------------------
+
+
+def _log_dir(label: str) -> Path:
+    return paths.run_dir("logs", f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
+
+
+def prepare_torchrun(
+    script,
+    *args,
+    nproc: int = 2,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_port: int | None = None,
+    max_restarts: int = 0,
+    timeout: float = 600,
+    env: dict | None = None,
+    label: str | None = None,
+) -> Launch:
+    """A torchrun launch of ``script`` (not started yet: pass it to :func:`run`)."""
+    log_dir = _log_dir(Path(str(script)).stem)
+    argv = ["torchrun", "--nproc-per-node", nproc]
+    if nnodes > 1:
+        argv += ["--nnodes", nnodes, "--node-rank", node_rank]
+    argv += ["--master-addr", "127.0.0.1", "--master-port", master_port or free_port()]
+    if max_restarts:
+        argv += ["--max-restarts", max_restarts]
+    argv += ["--tee", "3", "--log-dir", log_dir, script, *args]
+    launch_env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX, **(env or {})}
+    return Launch(argv, env=launch_env, label=label or f"node{node_rank}", timeout=timeout, log_dir=log_dir)
+
+
+def torchrun(script, *args, timeout: float = 600, show: bool = True, **options) -> LaunchResult:
+    """Run ``torchrun`` on ``script`` and wait; see :func:`prepare_torchrun` for the options."""
+    return run(prepare_torchrun(script, *args, timeout=timeout, **options), show=show)[0]
+
+
+def swift(subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None, show=True) -> LaunchResult:
+    """Run the ``swift`` CLI; with ``nproc`` > 1 it launches torchrun itself (NPROC_PER_NODE)."""
+    launch_env = dict(env or {})
+    log_dir = None
+    if nproc > 1:
+        log_dir = _log_dir(f"swift-{subcommand}")
+        launch_env = {
+            "NPROC_PER_NODE": nproc,
+            "MASTER_PORT": free_port(),
+            # torchrun reads PET_* for its options: tee each rank to the console with its rank
+            "PET_TEE": "3",
+            "PET_LOG_DIR": log_dir,
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+            **launch_env,
+        }
+    launch = Launch(
+        ["swift", subcommand, *args],
+        env=launch_env,
+        label=f"swift {subcommand}",
+        timeout=timeout,
+        log_dir=log_dir,
+    )
+    return run(launch, show=show)[0]

