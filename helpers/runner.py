@@ -231,8 +231,9 @@ def _provide_model(profile: str) -> str:
 
 
 def run_course(profile: str = "auto", only=None, build: Path | None = None, progress: bool = True) -> int:
-    build = Path(build or paths.build_dir())
+    build = Path(build or paths.build_dir()).resolve()
     build.mkdir(parents=True, exist_ok=True)
+    os.environ["COURSE_BUILD_DIR"] = str(build)  # the notebooks' own outputs go there too
     notebooks = course_notebooks(only)
     if not notebooks:
         print(f"No notebooks match {only}.", file=sys.stderr)
