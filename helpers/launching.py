@@ -341,8 +341,8 @@ def torchrun(script, *args, timeout: float = 600, show: bool = True, **options) 
     return run(prepare_torchrun(script, *args, timeout=timeout, **options), show=show)[0]
 
 
-def swift(subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None, show=True) -> LaunchResult:
-    """Run the ``swift`` CLI; with ``nproc`` > 1 it launches torchrun itself (NPROC_PER_NODE)."""
+def prepare_swift(subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None) -> Launch:
+    """A ``swift`` CLI launch; with ``nproc`` > 1 SWIFT starts torchrun itself (NPROC_PER_NODE)."""
     launch_env = dict(env or {})
     log_dir = None
     if nproc > 1:
@@ -356,11 +356,15 @@ def swift(subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=Non
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
             **launch_env,
         }
-    launch = Launch(
+    return Launch(
         ["swift", subcommand, *args],
         env=launch_env,
         label=f"swift {subcommand}",
         timeout=timeout,
         log_dir=log_dir,
     )
-    return run(launch, show=show)[0]
+
+
+def swift(subcommand: str, *args, show: bool = True, **options) -> LaunchResult:
+    """Run the ``swift`` CLI and wait; see :func:`prepare_swift` for the options."""
+    return run(prepare_swift(subcommand, *args, **options), show=show)[0]

@@ -1,0 +1,62 @@
+"""What is committed in notebooks/: a complete, error-free cpu run that reads as a lesson."""
+
+import json
+
+import pytest
+
+from helpers import runner
+
+NOTEBOOKS = runner.course_notebooks()
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=lambda p: p.stem)
+def notebook(request):
+    return json.loads(request.param.read_text())
+
+
+def code_cells(nb):
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def test_there_are_notebooks():
+    assert any(nb.name.startswith("05_environment_setup") for nb in NOTEBOOKS)
+
+
+def test_no_error_outputs(notebook):
+    errors = [o for c in code_cells(notebook) for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert errors == []
+
+
+def test_execution_counts_are_one_fresh_run(notebook):
+    counts = [c["execution_count"] for c in code_cells(notebook)]
+    assert counts == list(range(1, len(counts) + 1)), f"stale or missing execution counts: {counts}"
+
+
+def test_parameters_cell_then_resolve(notebook):
+    cells = code_cells(notebook)
+    tagged = [i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", [])]
+    assert tagged == [0], "the first code cell is the only one tagged parameters"
+    assert 'PROFILE = "auto"' in source(cells[0])
+    assert "profiles.resolve(" in source(cells[1])
+
+
+def test_reads_as_a_lesson(notebook):
+    text = "\n".join(source(c) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    assert text.lstrip().startswith("# ")
+    for heading in ("By the end of this notebook you can", "## Summary", "## Glossary"):
+        assert heading in text, heading
+    solutions = [c for c in code_cells(notebook) if "solution" in c["metadata"].get("tags", [])]
+    assert solutions, "each notebook has checkable exercises"
+    for cell in solutions:
+        assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True
+        assert "assert check(" in source(cell)
+    assert any(source(c).startswith("# NBVAL_CHECK_OUTPUT") for c in code_cells(notebook))
+
+
+def test_no_path_plumbing_in_lessons(notebook):
+    for cell in code_cells(notebook):
+        assert "sys.path" not in source(cell)

@@ -1,0 +1,144 @@
+"""The launcher: failures name their rank, hangs are stopped, launches don't collide, nothing survives."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import processes_mentioning
+
+from helpers import launching
+
+SCRIPT = textwrap.dedent(
+    '''
+    import os, sys, time
+    import torch.distributed as dist
+    from helpers.launching import save_result
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"ready {rank}", flush=True)
+    save_result({"rank": rank, "world": dist.get_world_size(), "port": os.environ["MASTER_PORT"]})
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    if mode == "raise" and rank == 1:
+        raise ValueError("rank one is unhappy")
+    if mode == "hang":
+        time.sleep(600)
+    dist.barrier()
+    dist.destroy_process_group()
+    '''
+)
+
+
+@pytest.fixture
+def script(tmp_path, build):
+    path = tmp_path / "job_under_test.py"
+    path.write_text(SCRIPT)
+    yield path
+    time.sleep(0.5)
+    assert processes_mentioning(str(path)) == [], "a launched process survived the test"
+
+
+def test_success_returns_each_rank_result_and_shows_the_command(script, capsys):
+    result = launching.torchrun(script, nproc=2, timeout=60)
+    assert result.returncode == 0
+    assert [r["rank"] for r in result.results] == [0, 1]
+    assert {r["world"] for r in result.results} == {2}
+    out = capsys.readouterr().out
+    assert f"$ TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:' torchrun --nproc-per-node 2" in out
+    assert str(script) in out.splitlines()[0]
+    assert "[rank0]:ready 0" in out and "[rank1]:ready 1" in out
+
+
+def test_a_failing_rank_becomes_an_exception_with_its_code_and_traceback(script):
+    start = time.monotonic()
+    with pytest.raises(launching.LaunchError) as info:
+        launching.torchrun(script, "raise", nproc=2, timeout=60, show=False)
+    err = info.value
+    assert (err.rank, err.exitcode) == (1, 1)
+    assert "rank 1 failed with exit code 1" in str(err)
+    assert "ValueError: rank one is unhappy" in str(err)
+    assert any(line.startswith("Traceback") for line in err.tail)
+    assert time.monotonic() - start < 30  # reported within seconds, not at the timeout
+
+
+def test_a_hang_past_the_timeout_is_stopped(script):
+    start = time.monotonic()
+    with pytest.raises(launching.LaunchTimeout, match="did not finish within 8 s") as info:
+        launching.torchrun(script, "hang", nproc=2, timeout=8, show=False)
+    assert time.monotonic() - start < 20
+    assert "ready" in str(info.value)
+
+
+def test_two_launches_at_once_get_different_ports(script):
+    results, errors = [], []
+
+    def go():
+        try:
+            results.append(launching.torchrun(script, nproc=2, timeout=90, show=False))
+        except Exception as exc:  # collected and reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    ports = {r.results[0]["port"] for r in results}
+    assert len(ports) == 2
+
+
+def test_an_interrupt_stops_the_whole_tree(script, tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "from helpers import launching\n"
+        "try:\n"
+        f"    launching.torchrun({str(script)!r}, 'hang', nproc=2, timeout=120)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('driver saw the interrupt', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(driver)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 60
+    seen = []
+    for line in proc.stdout:  # wait until both ranks are up
+        seen.append(line)
+        if sum("ready" in s for s in seen) >= 2 or time.monotonic() > deadline:
+            break
+    assert len(processes_mentioning(str(script))) >= 3  # torchrun and two workers
+    proc.send_signal(signal.SIGINT)  # what Jupyter's stop button sends
+    rest = proc.communicate(timeout=30)[0]
+    assert "Interrupted: stopped" in rest and "driver saw the interrupt" in rest
+
+
+def test_a_single_process_failure_quotes_its_traceback(build):
+    launch = launching.Launch([sys.executable, "-c", "import sys; print('working'); sys.exit('bad input')"])
+    with pytest.raises(launching.LaunchError, match=r"failed with exit code 1\. The end of its output:") as info:
+        launching.run(launch, show=False)
+    assert "bad input" in str(info.value)
+
+
+def test_swift_with_several_processes_sets_torchrun_options(build):
+    launch = launching.prepare_swift("sft", "--model", "x", nproc=2)
+    command = launch.command
+    assert command.startswith("NPROC_PER_NODE=2 MASTER_PORT=")
+    assert "PET_TEE=3" in command and command.endswith("swift sft --model x")
+    assert launching.prepare_swift("infer", "--model", "x").command == "swift infer --model x"
+
+
+def test_free_ports_are_free():
+    import socket
+
+    port = launching.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))

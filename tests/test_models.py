@@ -1,0 +1,114 @@
+"""Model provisioning: complete builds are reused, interrupted or damaged ones are detected and redone."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from helpers import models
+
+
+def write_fake_model(out):
+    (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (out / "model.safetensors").write_bytes(b"w" * 4096)
+
+
+def test_build_once_then_reuse(tmp_path):
+    target = tmp_path / "m"
+    calls = []
+    models.build_once(target, lambda out: (calls.append(1), write_fake_model(out)))
+    models.build_once(target, lambda out: (calls.append(1), write_fake_model(out)))
+    assert calls == [1] and models.check(target) is None
+
+
+def test_an_interrupted_build_leaves_nothing_that_looks_finished(tmp_path):
+    target = tmp_path / "m"
+
+    def interrupted(out):
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        models.build_once(target, interrupted)
+    assert not target.exists()
+    assert list(tmp_path.glob(".m.tmp-*")) == []
+    models.build_once(target, write_fake_model)
+    assert models.check(target) is None
+
+
+def test_a_build_killed_half_way_is_detected_and_redone(tmp_path):
+    target = tmp_path / "m"
+    child = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from helpers import models
+
+        def slow(out):
+            (out / "model.safetensors").write_bytes(b"half")
+            print("half-way", flush=True)
+            time.sleep(60)
+
+        models.build_once(Path({str(target)!r}), slow)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "half-way"
+    os.kill(proc.pid, signal.SIGKILL)  # no cleanup code runs
+    proc.wait()
+    assert list(tmp_path.glob(".m.tmp-*")), "the half-written folder should still be on disk"
+    assert models.check(target) == "it does not exist"
+    models.build_once(target, write_fake_model)
+    assert models.check(target) is None
+    assert list(tmp_path.glob(".m.tmp-*")) == [], "leftovers of the killed build are removed"
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda t: (t / "model.safetensors").write_bytes(b"short"), "model.safetensors has 5 bytes"),
+        (lambda t: (t / "model.safetensors").unlink(), "model.safetensors is missing"),
+        (lambda t: (t / models.MANIFEST).unlink(), "has no course-model.json"),
+    ],
+)
+def test_a_damaged_model_is_rebuilt(tmp_path, damage, reason):
+    target = tmp_path / "m"
+    models.build_once(target, write_fake_model)
+    damage(target)
+    assert reason in models.check(target)
+    logs = []
+    models.build_once(target, write_fake_model, log=logs.append)
+    assert models.check(target) is None
+    assert any("Rebuilding" in line for line in logs)
+
+
+def test_smoke_model_is_ready_in_seconds_and_generates(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path))
+    start = time.perf_counter()
+    info = models.tiny_llama()
+    assert time.perf_counter() - start < 30
+    assert models.check(info.path) is None
+    model, tokenizer = models.load(info)
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert isinstance(models.chat(model, tokenizer, "Who are you?", max_new_tokens=4), str)
+    assert info.swift_args() == [
+        "--model", info.path, "--check_model", "false", "--model_type", "llama", "--template", "chatml",
+    ]  # fmt: skip
+
+
+def test_cpu_model_converted_from_the_wheel_answers():
+    """The real SmolLM2 (converted once into build/models, then reused)."""
+    info = models.smollm2()
+    assert models.check(info.path) is None
+    config = json.loads((models.Path(info.path) / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    model, tokenizer = models.load(info)
+    assert "Paris" in models.chat(model, tokenizer, "What is the capital of France?", max_new_tokens=16)

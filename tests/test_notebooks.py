@@ -1,0 +1,119 @@
+"""The notebooks under papermill: the whole course on smoke, bad parameters, a failing notebook."""
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import papermill as pm
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from helpers import paths, runner
+
+NOTEBOOKS = runner.course_notebooks()
+
+
+def parameters_of(notebook):
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return cell.source
+
+
+def test_the_course_runs_on_smoke_and_reports(tmp_path):
+    build = tmp_path / "build"
+    done = subprocess.run(
+        [sys.executable, "-m", "helpers.runner", "run", "--profile", "smoke", "--build", str(build), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((build / "report.json").read_text())
+    assert report["profile"] == "smoke"
+    assert [n["name"] for n in report["notebooks"]] == [nb.stem for nb in NOTEBOOKS]
+    for entry in report["notebooks"]:
+        assert entry["status"] == "passed", entry
+        assert entry["seconds"] > 0 and entry["peak_memory_mb"] > 0
+        assert entry["metrics"], f"{entry['name']} recorded no metrics"
+        assert (build / "html" / f"{entry['name']}.html").is_file()
+    index = (build / "index.html").read_text()
+    positions = [index.index(f"html/{nb.stem}.html") for nb in NOTEBOOKS]
+    assert positions == sorted(positions), "index.html must list the notebooks in course order"
+    assert "Report:" in done.stdout and str(build / "report.md") in done.stdout
+
+
+def run_with(notebook, tmp_path, **parameters):
+    with pytest.raises(pm.PapermillExecutionError) as info:
+        pm.execute_notebook(
+            str(notebook),
+            str(tmp_path / notebook.name),
+            parameters=parameters,
+            cwd=str(paths.NOTEBOOKS),
+            kernel_name="python3",
+            progress_bar=False,
+        )
+    return info.value
+
+
+BAD = [(nb, {"PROFILE": "quantum"}, ["PROFILE = 'quantum'", "'smoke'"]) for nb in NOTEBOOKS]
+FIRST = NOTEBOOKS[0] if NOTEBOOKS else None
+BAD += [
+    (nb, {"NPROC": 0}, ["NPROC = 0", "at least 1"])
+    for nb in NOTEBOOKS
+    if "NPROC" in parameters_of(nb) and nb.name.startswith("05")
+]
+BAD += [
+    (nb, {"MODEL": "/no/such/model"}, ["MODEL = '/no/such/model'", "None"])
+    for nb in NOTEBOOKS
+    if "MODEL" in parameters_of(nb) and nb.name.startswith("05")
+]
+
+
+@pytest.mark.parametrize("notebook, parameters, words", BAD, ids=lambda v: getattr(v, "stem", None))
+def test_bad_parameters_stop_at_the_resolve_cell_with_one_sentence(notebook, parameters, words, tmp_path):
+    error = run_with(notebook, tmp_path, **parameters)
+    assert error.ename == "CourseError"
+    assert "profiles.resolve(" in error.source
+    assert len(error.traceback) == 1, "no stack of frames for a learner's mistake"
+    message = str(error.evalue)
+    assert "\n" not in message and message.endswith(".")
+    for word in words:
+        assert word in message
+
+
+def mini_notebook(path, fails: bool):
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = new_code_cell('PROFILE = "auto"')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        new_markdown_cell("# A tiny lesson"),
+        params,
+        new_code_cell("from helpers import profiles, report\nprofile = profiles.resolve(PROFILE)"),
+        new_code_cell('report.record("answer", 42)'),
+    ]
+    if fails:
+        nb.cells.append(new_code_cell("values = [1, 2]\ntotal = values[5]"))
+    nbformat.write(nb, path)
+
+
+def test_a_failing_notebook_fails_the_run_and_is_named_with_its_cell(tmp_path, monkeypatch, capsys):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    mini_notebook(lessons / "01_passes.ipynb", fails=False)
+    mini_notebook(lessons / "02_fails.ipynb", fails=True)
+    monkeypatch.setattr(paths, "NOTEBOOKS", lessons)
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "build"))
+    status = runner.run_course("smoke", build=tmp_path / "build", progress=False)
+    assert status == 1
+    report = json.loads((tmp_path / "build" / "report.json").read_text())
+    first, second = report["notebooks"]
+    assert first["status"] == "passed" and first["metrics"][0]["value"] == 42
+    assert second["status"] == "failed"
+    assert second["error"]["error"] == "IndexError"
+    assert second["error"]["line"] == "values = [1, 2]"
+    assert second["error"]["cell"] == 5  # execution count: parameters, injected parameters, 3 more
+    md = (tmp_path / "build" / "report.md").read_text()
+    assert "**Failed** in cell 5" in md and "IndexError" in md
+    assert "FAILED: 02_fails, cell 5" in capsys.readouterr().err
