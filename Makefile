@@ -11,7 +11,7 @@ help:
 	@echo "make test     lint, unit tests, notebook tests; the tree must stay clean"
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
-	@echo "make clean    remove build/ (models included); .venv stays"
+	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
 
 setup:
 	@bash scripts/setup.sh
@@ -42,4 +42,7 @@ refresh: setup
 	@$(BIN)/python -m helpers.runner refresh $(if $(ONLY),--only $(ONLY))
 
 clean:
-	rm -rf build
+	rm -rf build/executed build/html build/logs build/launches build/scripts build/refresh \
+		build/report.md build/report.json build/index.html
+	@echo "Removed the run outputs in build/. Kept build/models (converted models) and build/outputs"
+	@echo "(adapters, checkpoints, merged models you trained): delete those by hand if you mean to."
