@@ -19,7 +19,9 @@ def environment_yml_pip_lines():
 def test_every_requirement_is_pinned_exactly():
     for name in ("requirements.txt", "requirements-nodeps.txt"):
         for line in requirement_lines(name):
-            assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", line), f"{name}: {line!r} is not an exact pin"
+            assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", line), (
+                f"{name}: {line!r} is not an exact pin"
+            )
 
 
 def test_environment_yml_installs_the_same_pins():

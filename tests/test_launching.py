@@ -14,7 +14,7 @@ from conftest import processes_mentioning
 from helpers import launching
 
 SCRIPT = textwrap.dedent(
-    '''
+    """
     import os, sys, time
     import torch.distributed as dist
     from helpers.launching import save_result
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
         time.sleep(600)
     dist.barrier()
     dist.destroy_process_group()
-    '''
+    """
 )
 
 
@@ -49,7 +49,7 @@ def test_success_returns_each_rank_result_and_shows_the_command(script, capsys):
     assert [r["rank"] for r in result.results] == [0, 1]
     assert {r["world"] for r in result.results} == {2}
     out = capsys.readouterr().out
-    assert f"$ TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${{rank}}]:' torchrun --nproc-per-node 2" in out
+    assert "$ TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' torchrun --nproc-per-node 2" in out
     assert str(script) in out.splitlines()[0]
     assert "[rank0]:ready 0" in out and "[rank1]:ready 1" in out
 
@@ -123,7 +123,9 @@ def test_an_interrupt_stops_the_whole_tree(script, tmp_path):
 
 def test_a_single_process_failure_quotes_its_traceback(build):
     launch = launching.Launch([sys.executable, "-c", "import sys; print('working'); sys.exit('bad input')"])
-    with pytest.raises(launching.LaunchError, match=r"failed with exit code 1\. The end of its output:") as info:
+    with pytest.raises(
+        launching.LaunchError, match=r"failed with exit code 1\. The end of its output:"
+    ) as info:
         launching.run(launch, show=False)
     assert "bad input" in str(info.value)
 

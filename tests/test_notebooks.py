@@ -23,7 +23,17 @@ def parameters_of(notebook):
 def test_the_course_runs_on_smoke_and_reports(tmp_path):
     build = tmp_path / "build"
     done = subprocess.run(
-        [sys.executable, "-m", "helpers.runner", "run", "--profile", "smoke", "--build", str(build), "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "helpers.runner",
+            "run",
+            "--profile",
+            "smoke",
+            "--build",
+            str(build),
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         timeout=1800,

@@ -48,8 +48,14 @@ def test_pick_by_profile():
         ({"profile": "cpu", "nproc": -3}, ["NPROC", "at least 1"]),
         ({"profile": "cpu", "nproc": 1.5}, ["NPROC", "whole number"]),
         ({"profile": "cpu", "nproc": "2"}, ["NPROC", "whole number"]),
-        ({"profile": "cpu", "model": "/no/such/model"}, ["MODEL", "/no/such/model", "local model directory", "None"]),
-        ({"profile": "smoke", "model": "Qwen/Qwen2.5-7B-Instruct"}, ["MODEL", "not an existing model directory"]),
+        (
+            {"profile": "cpu", "model": "/no/such/model"},
+            ["MODEL", "/no/such/model", "local model directory", "None"],
+        ),
+        (
+            {"profile": "smoke", "model": "Qwen/Qwen2.5-7B-Instruct"},
+            ["MODEL", "not an existing model directory"],
+        ),
     ],
 )
 def test_bad_values_give_one_clear_sentence(kwargs, words):
