@@ -23,6 +23,19 @@ import psutil
 from helpers import paths, report
 
 CELL_TIMEOUT = 1200  # seconds; launches inside a cell have their own, shorter timeouts
+# Wall-time budgets in seconds per notebook number and profile; the report compares against them.
+BUDGETS = {
+    "01": {"cpu": 120, "smoke": 30},
+    "02": {"cpu": 120, "smoke": 30},
+    "03": {"cpu": 180, "smoke": 45},
+    "04": {"cpu": 180, "smoke": 45},
+    "05": {"cpu": 60, "smoke": 60},
+    "06": {"cpu": 360, "smoke": 60},
+    "07": {"cpu": 120, "smoke": 60},
+    "08": {"cpu": 240, "smoke": 60},
+    "09": {"cpu": 240, "smoke": 60},
+}
+COURSE_BUDGET = {"cpu": 20 * 60}  # all nine notebooks in `make run`
 
 
 def course_notebooks(only=None) -> list[Path]:
@@ -79,6 +92,7 @@ class NotebookRun:
     peak_memory_mb: float = 0.0
     metrics: list = field(default_factory=list)
     error: dict | None = None
+    budget_seconds: float | None = None
     executed: str = ""
     html: str = ""
 
@@ -163,9 +177,19 @@ def write_report(build: Path, runs: list[NotebookRun], context: dict) -> tuple[P
     for key, label in (("setup", "Set-up"), ("model", "Model")):
         if context.get(key):
             lines += [f"{label}: {context[key]}", ""]
-    lines += ["| notebook | status | wall time | peak memory |", "|---|---|---|---|"]
+    lines += ["| notebook | status | wall time | budget | peak memory |", "|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} s | {r.peak_memory_mb:.0f} MB |")
+        budget = "-"
+        if r.budget_seconds:
+            budget = f"{r.budget_seconds:.0f} s {'✅' if r.seconds <= r.budget_seconds else '⚠️ over'}"
+        lines.append(f"| {r.name} | {r.status} | {r.seconds:.1f} s | {budget} | {r.peak_memory_mb:.0f} MB |")
+    course_budget = COURSE_BUDGET.get(context["profile"])
+    if course_budget and len(runs) == len(BUDGETS):
+        within = "within" if context["total_seconds"] <= course_budget else "OVER"
+        lines += [
+            "",
+            f"Whole course: {context['total_seconds']:.0f} s, {within} the {course_budget} s budget.",
+        ]
     for r in runs:
         lines += ["", f"## {r.name}: {r.title}", ""]
         if r.error:
@@ -241,21 +265,23 @@ def run_course(profile: str = "auto", only=None, build: Path | None = None, prog
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.perf_counter()
     model_note = _provide_model(profile)
+    from helpers import profiles
+
+    chosen = profiles.resolve(profile).name
     parameters = {} if profile == "auto" else {"PROFILE": profile}
     runs = []
     for i, notebook in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
         run = execute(notebook, build / "executed" / notebook.name, parameters, progress)
+        run.budget_seconds = BUDGETS.get(notebook.name[:2], {}).get(chosen)
         if Path(run.executed).exists():
             run.html = str(build / "html" / f"{notebook.stem}.html")
             render_html(Path(run.executed), Path(run.html))
         mark = "ok" if run.status == "passed" else "FAILED"
         print(f"[{i}/{len(notebooks)}] {notebook.name}: {mark} in {run.seconds:.0f} s", flush=True)
         runs.append(run)
-    from helpers import profiles
-
     context = {
-        "profile": profiles.resolve(profile).name,
+        "profile": chosen,
         "started": started,
         "total_seconds": round(time.perf_counter() - t0, 1),
         "setup": _setup_note(),
