@@ -10,6 +10,7 @@ ZeRO lesson.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,12 +33,13 @@ def make_classification(samples: int, features: int = 8, classes: int = 3, seed:
 
 def mlp(features: int = 8, hidden: int = 32, classes: int = 3, seed: int = 0, batchnorm: bool = False):
     """A small float64 MLP (optionally with BatchNorm after the first layer), same weights for a given seed."""
-    torch.manual_seed(seed)
-    layers = [nn.Linear(features, hidden)]
-    if batchnorm:
-        layers.append(nn.BatchNorm1d(hidden))
-    layers += [nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, classes)]
-    return nn.Sequential(*layers).double()
+    with torch.random.fork_rng():  # leave the caller's random state alone
+        torch.manual_seed(seed)
+        layers = [nn.Linear(features, hidden)]
+        if batchnorm:
+            layers.append(nn.BatchNorm1d(hidden))
+        layers += [nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, classes)]
+        return nn.Sequential(*layers).double()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -54,6 +56,11 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
     """True when two models hold bit-for-bit identical parameters and buffers."""
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    """All parameters of ``model`` as one flat vector (a copy)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def shard(tensor: torch.Tensor, workers: int, sizes: list[int] | None = None) -> list[torch.Tensor]:
@@ -135,6 +142,8 @@ def simulate(
     ``nn.Sequential`` layer by layer in lockstep and every BatchNorm uses statistics over all shards;
     the backward pass then goes through those shared statistics, as SyncBatchNorm's backward all-reduce does.
     """
+    if sizes is not None and len(sizes) != workers:
+        raise ValueError(f"{len(sizes)} shard sizes for {workers} workers")
     replicas = replicate(model, workers)
     xs, ys = shard(x, workers, sizes), shard(y, workers, sizes)
     if not sync_batchnorm:
@@ -144,7 +153,11 @@ def simulate(
         raise TypeError("sync_batchnorm needs an nn.Sequential model (it steps through the layers)")
     hs = xs
     for layers in zip(*replicas, strict=True):  # the same layer of every replica
-        hs = _sync_batchnorm(layers, hs) if _is_batchnorm(layers[0]) else [f(h) for f, h in zip(layers, hs, strict=True)]
+        hs = (
+            _sync_batchnorm(layers, hs)
+            if _is_batchnorm(layers[0])
+            else [f(h) for f, h in zip(layers, hs, strict=True)]
+        )
     losses = [loss_fn(h, yk) for h, yk in zip(hs, ys, strict=True)]
     params = [p for r in replicas for p in r.parameters()]
     flat = torch.cat([g.reshape(-1) for g in torch.autograd.grad(sum(losses), params)])
@@ -172,6 +185,7 @@ class Network:
         self.workers = workers
         self.sent = [0] * workers
         self.received = [0] * workers
+        self.pairs: Counter = Counter()  # (src, dst) -> bytes
         self.messages = 0
 
     def send(self, src: int, dst: int, tensor: torch.Tensor) -> torch.Tensor:
@@ -181,6 +195,7 @@ class Network:
         nbytes = tensor.numel() * tensor.element_size()
         self.sent[src] += nbytes
         self.received[dst] += nbytes
+        self.pairs[src, dst] += nbytes
         self.messages += 1
         return tensor.clone()
 
@@ -231,10 +246,12 @@ def parameter_server_formula(workers: int, model_bytes: int) -> float:
 
 def ring_formula(workers: int, model_bytes: int) -> float:
     """Bytes each ring worker sends (and receives): 2(N-1)/N times the model's gradient bytes."""
-    return 2 * (workers - 1) / workers * model_bytes
+    return 2 * (workers - 1) * model_bytes / workers
 
 
-def traffic(scheme: Callable, workers: int, numel: int, dtype=torch.float32, device="cpu", seed: int = 0) -> dict:
+def traffic(
+    scheme: Callable, workers: int, numel: int, dtype=torch.float32, device="cpu", seed: int = 0
+) -> dict:
     """Run one all-reduce of random gradients over a fresh counting Network; report its bytes and result."""
     if str(device) == "meta":
         grads = [torch.empty(numel, dtype=dtype, device="meta") for _ in range(workers)]
@@ -249,21 +266,28 @@ def traffic(scheme: Callable, workers: int, numel: int, dtype=torch.float32, dev
         "busiest_link": net.busiest_link,
         "total": net.total,
         "messages": net.messages,
+        "network": net,
         "grads": grads,
         "results": results,
     }
 
 
 def traffic_table(workers_range, numel: int, dtype=torch.float32) -> list[dict]:
-    """Simulate both schemes for every N; rows of counted bytes (busiest link, whole network) per scheme."""
+    """Simulate both schemes for every N: bytes counted on the busiest link and over the whole network."""
     rows = []
     for n in workers_range:
-        row = {"N": n}
-        for name, scheme in SCHEMES.items():
-            run = traffic(scheme, n, numel, dtype)
-            row[f"{name}: busiest link"] = run["busiest_link"]
-            row[f"{name}: total"] = run["total"]
-        rows.append(row)
+        ps = traffic(parameter_server_all_reduce, n, numel, dtype)
+        ring = traffic(ring_all_reduce, n, numel, dtype)
+        rows.append(
+            {
+                "N": n,
+                "model_bytes": ps["model_bytes"],
+                "ps_busiest": ps["busiest_link"],
+                "ring_busiest": ring["busiest_link"],
+                "ps_total": ps["total"],
+                "ring_total": ring["total"],
+            }
+        )
     return rows
 
 
@@ -288,7 +312,9 @@ def train(
     its own Adam optimizer (as in DDP, 每个进程都有独立的优化器). Returns losses and the replicas.
     """
     if batch % workers or len(x) % batch:
-        raise ValueError(f"need batch ({batch}) divisible by workers ({workers}) and samples ({len(x)}) by batch")
+        raise ValueError(
+            f"need batch ({batch}) divisible by workers ({workers}) and samples ({len(x)}) by batch"
+        )
     loss_fn = nn.CrossEntropyLoss()
     replicas = replicate(model, workers)
     optimizers = [torch.optim.Adam(r.parameters(), lr=lr) for r in replicas]
@@ -321,6 +347,7 @@ def train(
 class Recipe:
     """Bytes one trainable parameter costs during training (ZeRO paper's accounting: weights + grads + K)."""
 
+    key: str  # short name for reports
     name: str
     weights: int
     gradients: int
@@ -340,15 +367,17 @@ class Recipe:
     def parts(self) -> dict[str, int]:
         """The four kinds of training state and their bytes per parameter."""
         return {
-            "weights (权重参数)": self.weights,
-            "gradients (梯度)": self.gradients,
+            "weights": self.weights,
+            "gradients": self.gradients,
             "fp32 master weights": self.master_weights,
             "Adam moments m, v": self.adam_moments,
         }
 
 
-FP32_ADAM = Recipe("fp32 Adam", weights=4, gradients=4, master_weights=0, adam_moments=8)
-BF16_MIXED_ADAM = Recipe("bf16 mixed-precision Adam", weights=2, gradients=2, master_weights=4, adam_moments=8)
+FP32_ADAM = Recipe("fp32_adam", "fp32 Adam", weights=4, gradients=4, master_weights=0, adam_moments=8)
+BF16_MIXED_ADAM = Recipe(
+    "bf16_mixed_adam", "bf16 mixed-precision Adam", weights=2, gradients=2, master_weights=4, adam_moments=8
+)
 RECIPES = (FP32_ADAM, BF16_MIXED_ADAM)
 
 QWEN25_7B_SIZES = {
@@ -382,13 +411,20 @@ def lora_parameters(model: nn.Module, rank: int) -> int:
     """Parameters LoRA of ``rank`` adds to every nn.Linear except the output head: rank x (in + out) each."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return sum(
-        rank * (m.in_features + m.out_features) for m in model.modules() if isinstance(m, nn.Linear) and m is not head
+        rank * (m.in_features + m.out_features)
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and m is not head
     )
 
 
 def training_state(n_params: int, recipe: Recipe) -> dict[str, int]:
     """Bytes of each kind of training state for ``n_params`` trainable parameters under ``recipe``."""
     return {part: n_params * b for part, b in recipe.parts().items()}
+
+
+def _millions(n: int) -> str:
+    """A parameter count in words: 134.5 M, 7.62 B."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.4g} M"
 
 
 def memory_rows(models: dict[str, int], recipes=RECIPES) -> list[dict]:
@@ -399,7 +435,7 @@ def memory_rows(models: dict[str, int], recipes=RECIPES) -> list[dict]:
             rows.append(
                 {
                     "model": name,
-                    "parameters": f"{n / 1e6:,.1f} M",
+                    "parameters": _millions(n),
                     "recipe": r.name,
                     "weights GB": n * r.weights / 1e9,
                     "gradients GB": n * r.gradients / 1e9,
@@ -416,14 +452,18 @@ def plot_training_state(models: dict[str, int], recipes=RECIPES):
 
     from helpers import plots
 
-    names = [r.name.replace(" Adam", "\nAdam") for r in recipes]
+    names = [
+        r.name.replace(" mixed-precision", "\nmixed precision").replace(" Adam", "\nAdam") for r in recipes
+    ]
     parts = list(recipes[0].parts())
-    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)), 4.2))
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.2 * (1 + len(models)) + 1.5, 4.4))
     per_param = {p: [r.parts()[p] for r in recipes] for p in parts}
     plots.stacked_bars(names, per_param, ax=axes[0], ylabel="bytes per parameter", title="per parameter")
     for ax, (model, n) in zip(axes[1:], models.items(), strict=True):
         gb = {p: [n * r.parts()[p] / 1e9 for r in recipes] for p in parts}
-        plots.stacked_bars(names, gb, ax=ax, ylabel="GB per worker", title=f"{model}\n({n / 1e9:.3g} B parameters)")
+        plots.stacked_bars(
+            names, gb, ax=ax, ylabel="GB per worker", title=f"{model}\n({_millions(n)} parameters)"
+        )
     for ax in axes[:-1]:
         ax.get_legend().remove()
     fig.suptitle("Training state each data-parallel worker holds (counted parameters x bytes per parameter)")
@@ -448,9 +488,15 @@ def _combine_shards(combine):
             return False, f"return one tensor shaped like a shard gradient {tuple(full.shape)}."
         if max_diff(got, full) > 1e-10:
             if max_diff(got, workers.mean()) < 1e-12 and len(set(sizes)) > 1:
-                return False, f"with shard sizes {sizes} the plain mean is off; weight each shard by its size."
+                return (
+                    False,
+                    f"with shard sizes {sizes} the plain mean is off; weight each shard by its size.",
+                )
             return False, f"with shard sizes {sizes} the result differs from the full-batch gradient."
-    return True, "each shard's mean-loss gradient counts n_k / B: the weighted mean is the full-batch gradient."
+    return (
+        True,
+        "each shard's mean-loss gradient counts n_k / B: the weighted mean is the full-batch gradient.",
+    )
 
 
 @checker("01.2")
@@ -464,10 +510,19 @@ def _traffic_at_eight(answer):
     if not close(ps_gb, want_ps, rel=1e-3):
         return False, f"GPU0 receives one full gradient from each of the other workers; {ps_gb} is not that."
     if close(ring_gb, 2.0, rel=1e-3):
-        return False, "close: but a worker never sends the chunk it ends up owning; count 2(N-1) chunks of 1/N GB."
+        return (
+            False,
+            "close: but a worker never sends the chunk it ends up owning; count 2(N-1) chunks of 1/N GB.",
+        )
     if not close(ring_gb, want_ring, rel=1e-3):
-        return False, "a ring worker sends one 1/N chunk per step, in N-1 reduce-scatter and N-1 all-gather steps."
-    return True, f"ring: {want_ring:g} GB per worker and link; GPU0 in the seed's scheme: {want_ps:g} GB in and out."
+        return (
+            False,
+            "a ring worker sends one 1/N chunk per step, in N-1 reduce-scatter and N-1 all-gather steps.",
+        )
+    return (
+        True,
+        f"ring: {want_ring:g} GB per worker and link; GPU0 in the seed's scheme: {want_ps:g} GB in and out.",
+    )
 
 
 @checker("01.3")
@@ -476,11 +531,20 @@ def _seven_b_memory(answer):
     want = QWEN25_7B_PARAMETERS * BF16_MIXED_ADAM.total / 1e9
     got = float(answer)
     if close(got, want / 8, rel=0.01):
-        return False, "that divides the state over the 8 GPUs, which is ZeRO-3; plain data parallelism copies it all."
+        return (
+            False,
+            "that divides the state over the 8 GPUs, which is ZeRO-3; plain data parallelism copies it all.",
+        )
     if close(got, want * 1e9 / 2**30, rel=0.01):
         return True, f"right, in GiB; in GB (10^9 bytes) it is {want:.1f}. Every GPU holds all of it."
     if close(got, QWEN25_7B_PARAMETERS * 2 / 1e9, rel=0.01):
-        return False, "that is the bf16 weights alone; gradients, master weights and Adam moments come on top."
+        return (
+            False,
+            "that is the bf16 weights alone; gradients, master weights and Adam moments come on top.",
+        )
     if not close(got, want, rel=0.01):
         return False, "count 16 bytes per parameter (2 + 2 + 4 + 8) times the 7.6 B parameters."
-    return True, f"{want:.1f} GB on every GPU, whatever N is: more than an 80 GB card, which is why ZeRO shards it."
+    return (
+        True,
+        f"{want:.1f} GB on every GPU, whatever N is: more than an 80 GB card, which is why ZeRO shards it.",
+    )

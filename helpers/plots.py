@@ -51,3 +51,183 @@ def timeline(spans, *, title: str = "", unit: str = "ms", ax=None, colors: dict 
     if title:
         ax.set_title(title)
     return ax
+
+
+# --- added with lesson 01: stacked parts, simulated vs formula, two runs that should agree ----------
+
+
+def stacked_bars(groups, parts: dict, *, ax=None, ylabel: str = "", title: str = "", totals: bool = True):
+    """Bars built from stacked parts; ``parts`` maps a label to one value per group. Returns the axes."""
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.8 * len(groups) + 3, 4))
+    positions = np.arange(len(groups))
+    bottom = np.zeros(len(groups))
+    for i, (label, values) in enumerate(parts.items()):
+        values = np.asarray(values, dtype=float)
+        ax.bar(
+            positions,
+            values,
+            0.6,
+            bottom=bottom,
+            label=label,
+            color=PALETTE[i % len(PALETTE)],
+            edgecolor="white",
+        )
+        bottom += values
+    if totals:
+        for x, total in zip(positions, bottom, strict=True):
+            ax.annotate(
+                f"{total:.4g}",
+                (x, total),
+                ha="center",
+                va="bottom",
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+    ax.set_xticks(positions, [str(g) for g in groups])
+    ax.set_ylim(0, max(bottom.max(), 1e-12) * 1.15)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="x", visible=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def simulated_vs_formula(
+    x, simulated: dict, formula: dict, *, ax=None, xlabel="", ylabel="", title="", kind="simulated"
+):
+    """Markers for what was counted (``kind``: simulated or measured), a dashed line for the formula of each label."""
+    if ax is None:
+        _, ax = plt.subplots()
+    markers = "os^Dv<>p"
+    for i, (label, values) in enumerate(simulated.items()):
+        color = PALETTE[i % len(PALETTE)]
+        ax.plot(x, values, markers[i % len(markers)], color=color, ms=7 - 2 * i, label=f"{label} ({kind})")
+        if label in formula:
+            ax.plot(x, formula[label], "--", color=color, lw=1, label=f"{label} (formula)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def agreeing_runs(
+    a, b, *, labels=("run a", "run b"), ylabel: str = "loss", title: str = "", floor: float = 1e-18
+):
+    """Two runs that should agree: both curves on top, their absolute difference on a log scale below."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    steps = np.arange(1, len(a) + 1)
+    fig, (top, low) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True, height_ratios=[2.2, 1])
+    top.plot(steps, a, lw=4, alpha=0.45, label=labels[0])
+    top.plot(steps, b, "--", lw=1.5, color=PALETTE[1], label=labels[1])
+    top.set_ylabel(ylabel)
+    top.legend(frameon=False)
+    if title:
+        top.set_title(title)
+    diff = np.abs(a - b)
+    low.semilogy(steps, np.maximum(diff, floor), ".", color=PALETTE[3])
+    low.set_ylabel("|difference|")
+    low.set_xlabel("step")
+    low.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    exact = int((diff == 0).sum())
+    note = f"max {diff.max():.2g}" + (
+        f"; {exact} of {len(a)} steps exactly equal (drawn at {floor:g})" if exact else ""
+    )
+    low.set_title(note, fontsize=9, loc="left")
+    fig.tight_layout()
+    return fig
+
+
+# --- added with lesson 03: measured curves with reference lines, and DDP's bucket layout ----------------
+
+
+def measured_curves(
+    x,
+    series: dict,
+    *,
+    ax=None,
+    logx: bool = False,
+    logy: bool = False,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str = "",
+    refs: dict | None = None,
+    marks: dict | None = None,
+    styles: dict | None = None,
+):
+    """Measured values against ``x``, one line with markers per label in ``series``.
+
+    ``refs``: label -> y drawn as a dotted horizontal line (a ceiling or a baseline measured elsewhere);
+    ``marks``: label -> x drawn as a thin vertical line; ``styles``: label -> extra ``plot`` keywords.
+    """
+    if ax is None:
+        _, ax = plt.subplots()
+    markers = "os^Dv<>p"
+    for i, (label, values) in enumerate(series.items()):
+        style = {"marker": markers[i % len(markers)], "color": PALETTE[i % len(PALETTE)], "lw": 1.6, "ms": 5}
+        style.update((styles or {}).get(label, {}))
+        ax.plot(x, values, label=label, **style)
+    for j, (label, y) in enumerate((refs or {}).items()):
+        ax.axhline(y, ls=":", lw=1.5, color=PALETTE[(len(series) + j) % len(PALETTE)], label=label)
+    for label, xv in (marks or {}).items():
+        ax.axvline(xv, ls="--", lw=1, color="#555555")
+        ax.annotate(
+            label, (xv, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8
+        )
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def bucket_map(layouts: dict, *, title: str = "", unit: float = 2**20, unit_name: str = "MiB"):
+    """How parameters fall into buckets: one row per setting, segments in the order buckets fill.
+
+    ``layouts``: row label -> list of buckets, each a list of ``(parameter name, bytes)``. A segment's
+    width is its size, its colour is its bucket; layer names are written where they fit.
+    """
+    fig, ax = plt.subplots(figsize=(10, 0.9 * len(layouts) + 1.6))
+    total = max(sum(b for bucket in buckets for _, b in bucket) for buckets in layouts.values()) / unit
+    for row, buckets in enumerate(layouts.values()):
+        left = 0.0
+        for index, bucket in enumerate(buckets):
+            color = PALETTE[index % len(PALETTE)]
+            start = left
+            for name, nbytes in bucket:
+                width = nbytes / unit
+                ax.barh(row, width, left=left, height=0.62, color=color, edgecolor="white", lw=0.8)
+                if width > 0.06 * total:
+                    ax.text(left + width / 2, row, name, ha="center", va="center", fontsize=8, color="white")
+                left += width
+            ax.annotate(
+                f"b{index}",
+                ((start + left) / 2, row - 0.31),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                xytext=(0, 8),
+                textcoords="offset points",
+                color=color,
+                fontweight="bold",
+            )
+    ax.set_yticks(range(len(layouts)), list(layouts))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"gradient bytes ({unit_name}), in the order backward produces them")
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
