@@ -1,0 +1,297 @@
+"""Lesson 03's helpers: bucket packing, bandwidth maths, the simulated wire, checkers, and (two gloo
+ranks) the hand-written ring all-reduce and DDP's own buckets."""
+
+import textwrap
+import threading
+import time
+
+import pytest
+
+from helpers import ddp, launching
+from helpers.exercises import check
+
+MiB = ddp.MiB
+
+
+# --- bucket packing -------------------------------------------------------------------------------
+
+
+def test_a_bucket_closes_once_it_reaches_its_cap():
+    assert ddp.expected_buckets([3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
+    assert ddp.expected_buckets([3, 3, 3], 7) == [[0, 1, 2]]  # 6 < 7, then 9 >= 7
+    assert ddp.expected_buckets([10, 1, 1], 5) == [[0], [1, 2]]  # one big parameter fills a bucket alone
+    assert ddp.expected_buckets([1, 1, 1], 100) == [[0, 1, 2]]
+    assert ddp.expected_buckets([], 5) == []
+
+
+def test_the_first_bucket_may_have_its_own_smaller_cap():
+    assert ddp.expected_buckets([2, 2, 2, 2, 2], 6, first_cap_bytes=2) == [[0], [1, 2, 3], [4]]
+
+
+def test_predicted_buckets_follow_the_gradient_ready_order():
+    sizes = [40, 10, 30, 20]  # model order
+    # backward makes the last parameters ready first
+    assert ddp.predict_buckets(sizes, [3, 2, 1, 0], 50) == [[3, 2], [1, 0]]
+
+
+def test_ddp_logging_strings_are_parsed():
+    assert ddp.parse_index_groups("7 6 5 4, 3 2, 1 0") == [[7, 6, 5, 4], [3, 2], [1, 0]]
+    assert ddp.parse_index_groups("") == []
+
+
+def test_bucket_rows_and_layouts_describe_what_the_hook_saw():
+    sizes = {"a.weight": 400, "a.bias": 4, "b.weight": 800, "b.bias": 8}
+    seen = [
+        {"bucket": 1, "params": ["a.bias", "a.weight"], "bytes": 404},
+        {"bucket": 0, "params": ["b.bias", "b.weight"], "bytes": 808},
+    ]
+    rows = ddp.bucket_rows(seen, sizes)
+    assert [r["bucket"] for r in rows] == [0, 1]
+    assert rows[0]["params' own bytes"] == 808 and rows[1]["tensors"] == 2
+    found = {"0.001": {"first": [{"bucket": 0, "params": list(sizes), "bytes": 1212}], "later": seen}}
+    rows = ddp.layouts(found, sizes)
+    assert list(rows) == ["first step, any cap (1 bucket)", "bucket_cap_mb=0.001 (2 buckets)"]
+    assert rows["bucket_cap_mb=0.001 (2 buckets)"][0] == [("a.bias", 4), ("a.weight", 400)]
+
+
+# --- bandwidth maths ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, factor", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_bus_bandwidth_factor(n, factor):
+    assert ddp.bus_factor(n) == pytest.approx(factor)
+    bw = ddp.bandwidths(1e9, 0.5, n)
+    assert bw["algbw"] == pytest.approx(2e9)
+    assert bw["busbw"] == pytest.approx(2e9 * factor)
+    assert ddp.ring_bytes_sent(1000, n) == pytest.approx(1000 * factor)
+
+
+def test_bandwidth_table_takes_the_slowest_rank():
+    def rank(seconds):
+        return {"bandwidth": {"ring": [{"bytes": 1000, "seconds": seconds}]}}
+
+    (row,) = ddp.bandwidth_table([rank(0.001), rank(0.002)])
+    assert row["ms"] == pytest.approx(2.0)
+    assert row["algbw GB/s"] == pytest.approx(1000 / 0.002 / 1e9)
+    assert row["busbw GB/s"] == pytest.approx(row["algbw GB/s"])  # n = 2: factor 1
+
+
+def test_message_sizes_and_human_bytes():
+    assert ddp.message_sizes(4096, 65536) == [4096, 16384, 65536]
+    assert ddp.human_bytes(4096) == "4 KiB" and ddp.human_bytes(1.5 * MiB) == "1.5 MiB"
+    assert ddp.human_bytes(64 * MiB) == "64 MiB"
+    assert ddp.human_bytes(100) == "100 B"
+
+
+# --- timelines and the simulated wire -------------------------------------------------------------
+
+
+def test_a_serial_link_starts_each_message_when_ready_and_free():
+    assert ddp.link_finish_times([0, 0, 0], [1, 1, 1]) == [1, 2, 3]  # queued behind each other
+    assert ddp.link_finish_times([0, 5, 6], [1, 1, 1]) == [1, 6, 7]  # the link waits for readiness
+    assert ddp.link_finish_times([0, 0.5], [2, 0.1]) == [2, 2.1]
+
+
+def step(overlap, buckets):
+    return {
+        "overlap": overlap,
+        "start": 0.0,
+        "forward_end": 1.0,
+        "backward_end": 3.0,
+        "comm_end": 4.0,
+        "end": 4.5,
+        "buckets": buckets,
+    }
+
+
+def test_communication_during_backward_counts_the_union_of_in_flight_time():
+    buckets = [
+        {"bucket": 0, "bytes": 8, "ready": 1.5, "done": 2.5},
+        {"bucket": 1, "bytes": 8, "ready": 2.0, "done": 3.5},  # overlaps bucket 0 and outlives backward
+    ]
+    assert ddp.comm_during_backward(step(True, buckets)) == pytest.approx(1.5)  # 1.5 .. 3.0
+    after = [{"bucket": 0, "bytes": 8, "ready": 3.0, "done": 3.8}]
+    assert ddp.comm_during_backward(step(False, after)) == 0
+
+
+def test_step_spans_put_compute_on_one_lane_and_each_bucket_on_its_own():
+    spans = ddp.step_spans(step(True, [{"bucket": 0, "bytes": 2 * MiB, "ready": 1.5, "done": 2.5}]))
+    assert [s["label"] for s in spans] == ["forward", "backward", "optimizer step", "all-reduce"]
+    assert {s["lane"] for s in spans} == {"compute", "bucket 0 (2 MiB)"}
+
+
+def test_typical_step_is_the_one_nearest_the_median():
+    steps = [{"overlap": True, "seconds": s} for s in (1.0, 5.0, 2.0)] + [{"overlap": False, "seconds": 9.0}]
+    assert ddp.typical_step(steps, True)["seconds"] == 2.0
+    assert ddp.median_seconds(steps, False) == 9.0
+
+
+def test_the_simulated_link_delivers_in_order_after_its_wire_time():
+    import torch
+
+    link = ddp.SimulatedLink(bandwidth=4 * 1000 / 0.05, latency=0.01)  # 1000 floats: 0.06 s each
+    try:
+        arrived = []
+        start = time.perf_counter()
+        futures = [link.send(torch.full((1000,), float(i))) for i in range(3)]
+        for i, fut in enumerate(futures):
+            fut.then(lambda f, i=i: arrived.append((i, time.perf_counter() - start)))
+        values = [fut.wait()[0][0].item() for fut in futures]
+    finally:
+        link.close()
+    assert values == [0.0, 1.0, 2.0]  # nothing travels: each rank keeps its own values
+    assert [i for i, _ in sorted(arrived, key=lambda a: a[1])] == [0, 1, 2]
+    assert link.wire_seconds(4000) == pytest.approx(0.06)
+    assert max(t for _, t in arrived) >= 3 * 0.06 - 1e-3  # one wire: the three waited for each other
+    assert not link._thread.is_alive()
+
+
+# --- small pieces ---------------------------------------------------------------------------------
+
+
+def test_the_models_and_their_fingerprints():
+    a, b = ddp.mlp([4, 8, 2], seed=0), ddp.mlp([4, 8, 2], seed=0)
+    assert [n for n, _ in a.named_parameters()] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert ddp.fingerprint(a) == ddp.fingerprint(b)
+    assert ddp.parameter_bytes(a) == 4 * (4 * 8 + 8 + 8 * 2 + 2)
+    with __import__("torch").no_grad():
+        next(b.parameters())[0, 0] += 1e-6
+    assert ddp.fingerprint(a) != ddp.fingerprint(b)
+    assert ddp.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
+
+
+def test_show_returns_the_source():
+    assert "def ring_all_reduce" in ddp.show(ddp.ring_all_reduce)
+
+
+# --- the exercises --------------------------------------------------------------------------------
+
+
+def test_exercise_checkers_accept_the_solutions_and_reject_mistakes(capsys):
+    assert check("03.1", lambda nbytes, n: 2 * (n - 1) / n * nbytes)
+    assert not check("03.1", lambda nbytes, n: 2 * nbytes)
+    assert check("03.2", lambda sizes, cap: ddp.expected_buckets(sizes, cap))
+    assert not check("03.2", lambda sizes, cap: [list(range(len(sizes)))])
+    assert check("03.3", lambda ready, wire: ddp.link_finish_times(ready, wire)[-1])
+    assert not check("03.3", lambda ready, wire: ready[-1] + wire[-1])  # ignores the queue
+    assert not check("03.3", None)
+    out = capsys.readouterr().out
+    assert out.count("✅ correct") == 3 and out.count("❌ not yet") == 3
+
+
+# --- two gloo ranks -------------------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from helpers import ddp
+    from helpers.launching import save_result
+
+    me = ddp.start("gloo")
+    ring = []
+    for n in (1, 2, 3, 1001):  # fewer elements than ranks, uneven chunks
+        data = torch.randint(-99, 99, (n,), generator=torch.Generator().manual_seed(me.rank)).float()
+        library = data.clone()
+        dist.all_reduce(library)
+        ring.append(torch.equal(ddp.ring_all_reduce(data.clone()), library))
+
+    x, y = ddp.make_batch(ddp.ANATOMY_WIDTHS, 4, me.rank, me.device)
+    buckets = {}
+    for cap in (0.1, 1.0):
+        net = DDP(ddp.mlp(ddp.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=cap)
+        log = ddp.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, ddp.timed_allreduce_hook)
+        for _ in range(3):
+            log.reset()
+            F.mse_loss(net(x), y).backward()
+        buckets[cap] = {"seen": ddp.bucket_summary(log), "ddp": ddp.ddp_buckets(net)}
+
+    prints = {}
+    for overlap in (True, False):  # one step each way from the same start: the same update
+        net = DDP(ddp.mlp(ddp.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1.0)
+        log = ddp.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, ddp.timed_allreduce_hook)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        ddp.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
+        s = ddp.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=ddp.buckets_from_log(log, net.module))
+        prints[overlap] = ddp.fingerprint(net.module)
+        assert (ddp.comm_during_backward(s) > 0) == overlap
+    save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": ddp.everyone(me.rank)})
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COURSE_BUILD_DIR", str(folder / "build"))
+    script = folder / "ddp_under_test.py"
+    script.write_text(SCRIPT)
+    try:
+        yield launching.torchrun(script, nproc=2, timeout=120, show=False)
+    finally:
+        mp.undo()
+
+
+def test_ring_all_reduce_equals_the_library_on_every_rank(two_ranks):
+    assert [r["ring"] for r in two_ranks.results] == [[True] * 4] * 2
+    assert [r["everyone"] for r in two_ranks.results] == [[0, 1], [0, 1]]
+
+
+def test_ddp_buckets_match_the_hook_and_the_packing_rule(two_ranks):
+    for result in two_ranks.results:
+        for cap, found in result["buckets"].items():
+            own = found["ddp"]
+            names = [n for n, _ in ddp.mlp(ddp.ANATOMY_WIDTHS).named_parameters()]
+            sizes = [p.numel() * 4 for p in ddp.mlp(ddp.ANATOMY_WIDTHS).parameters()]
+            seen = [[names.index(p) for p in b["params"]] for b in found["seen"]]
+            assert own["rebuilt"] and seen == own["param_indices"]
+            assert own["grad_ready_order"] == list(reversed(range(len(names))))
+            assert seen == ddp.predict_buckets(sizes, own["grad_ready_order"], int(float(cap) * MiB))
+            assert sum(b["bytes"] for b in found["seen"]) == sum(sizes) == own["total_parameter_bytes"]
+    counts = {cap: len(found["seen"]) for cap, found in two_ranks.results[0]["buckets"].items()}
+    assert counts == {"0.1": 4, "1.0": 3}
+
+
+def test_overlap_and_the_no_overlap_baseline_make_the_same_update(two_ranks):
+    prints = [r["prints"] for r in two_ranks.results]
+    assert prints[0] == prints[1]  # the ranks agree
+    assert prints[0]["true"] == prints[0]["false"]  # and both ways of averaging give the same bits
+
+
+def test_the_link_thread_does_not_block_the_caller():
+    import torch
+
+    link = ddp.SimulatedLink(bandwidth=8.0, latency=0.0)  # 4 bytes take half a second
+    try:
+        t = time.perf_counter()
+        fut = link.send(torch.zeros(1))
+        assert time.perf_counter() - t < 0.25 and not fut.done()
+        assert link._thread in threading.enumerate()
+        fut.wait()
+        assert time.perf_counter() - t >= 0.5
+    finally:
+        link.close()
+
+
+def test_summaries_of_the_measurements():
+    steps = [
+        {"overlap": True, "seconds": 0.2, "backward_seconds": 0.12},
+        {"overlap": False, "seconds": 0.3, "backward_seconds": 0.1},
+    ]
+    (row,) = ddp.overlap_table({"gloo": steps})
+    assert row["speedup"] == pytest.approx(1.5) and row["backward alone (ms)"] == pytest.approx(100)
+    sweep = [
+        {"network": "gloo", "cap_mb": 1, "seconds": 0.3},
+        {"network": "gloo", "cap_mb": 25, "seconds": 0.2},
+        {"network": "simulated", "cap_mb": 1, "seconds": 0.1},
+    ]
+    assert ddp.best_caps(sweep) == {"gloo": 25, "simulated": 1}
+    rows = [{"implementation": "a", "busbw GB/s": 1.0}, {"implementation": "a", "busbw GB/s": 3.0}]
+    assert ddp.peak_busbw(rows) == {"a": 3.0}
