@@ -81,6 +81,23 @@ def make_batch(spec: ModelSpec, batch: int, seed: int = 1) -> tuple[torch.Tensor
     return x, y
 
 
+def make_optimizer(model: nn.Module, lr: float = 0.05) -> torch.optim.Optimizer:
+    """The course's optimizer for this lesson: SGD with momentum (its state lives with the weights)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def check_batch(batch: int, k_max: int, nproc: int) -> None:
+    """Stop unless the global batch splits into K_MAX slices and into equal DDP shards."""
+    if batch < k_max:
+        raise CourseError(
+            f"BATCH = {batch} cannot be split over K_MAX = {k_max} devices; use at least {k_max}."
+        )
+    if batch % nproc:
+        raise CourseError(
+            f"BATCH = {batch} does not split evenly over {nproc} DDP processes; use a multiple of {nproc}."
+        )
+
+
 def nbytes(*tensors) -> int:
     """Bytes of the given tensors (or of every tensor in the given lists / modules)."""
     total = 0
@@ -137,7 +154,9 @@ class Trace:
         cpu0, start = time.thread_time(), time.perf_counter()
         yield
         end, cpu1 = time.perf_counter(), time.thread_time()
-        event = Event(step, device, what, nbytes, start, end, cpu1 - cpu0, threading.current_thread().name, src, dst)
+        event = Event(
+            step, device, what, nbytes, start, end, cpu1 - cpu0, threading.current_thread().name, src, dst
+        )
         with self._lock:
             self.events.append(event)
 
@@ -161,8 +180,12 @@ class Trace:
         return max(e.end for e in self.events) - min(e.start for e in self.events)
 
     def busy(self) -> list[float]:
-        """Per device: seconds of work in its lane."""
+        """Per device: wall seconds of the events in its lane (waiting for the GIL or a core included)."""
         return [sum(e.seconds for e in self.events if e.device == d) for d in range(self.k)]
+
+    def cpu(self) -> list[float]:
+        """Per device: CPU seconds its threads actually used for its events (waiting excluded)."""
+        return [sum(e.cpu for e in self.events if e.device == d) for d in range(self.k)]
 
     def moved(self) -> list[int]:
         """Per device: bytes it sent plus bytes it received."""
@@ -238,7 +261,7 @@ class ThreadedDataParallel:
         # replica 0 *is* the main model (like torch's replicate, which hands device_ids[0] the
         # original tensors); the others are separate copies, refreshed with the main weights each step
         self.replicas = [model] + [copy.deepcopy(model) for _ in range(k - 1)]
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        self.optimizer = make_optimizer(model, lr)  # its state (momentum) exists on the main device only
 
     def _in_threads(self, work) -> None:
         """Run ``work(d)`` for every device, one thread per device (inline when K = 1, as torch does)."""
@@ -282,6 +305,8 @@ class ThreadedDataParallel:
                 chunks.append(part if d == MAIN else part.clone())
 
         # 2. replicate model: the main device's current weights are copied to every other device
+        with trace.record("replicate model", MAIN, "dev0 runs on the main weights themselves", 0, MAIN, MAIN):
+            pass
         for d in range(1, k):
             with trace.record("replicate model", MAIN, f"weights -> dev{d}", nbytes(weights), MAIN, d):
                 with torch.no_grad():
@@ -327,9 +352,15 @@ class ThreadedDataParallel:
         self._in_threads(backward)
 
         # 8. reduce gradients: each device's parameter gradients are copied to the main device and added
+        with trace.record(
+            "reduce gradients", MAIN, "dev0's own gradients are already in place", 0, MAIN, MAIN
+        ):
+            pass
         for d in range(1, k):
             grads = [p.grad for p in self.replicas[d].parameters()]
-            with trace.record("reduce gradients", MAIN, f"gradients dev{d} -> dev0, added", nbytes(grads), d, MAIN):
+            with trace.record(
+                "reduce gradients", MAIN, f"gradients dev{d} -> dev0, added", nbytes(grads), d, MAIN
+            ):
                 for main, incoming in zip(weights, grads, strict=True):
                     main.grad.add_(incoming.clone())
 
@@ -338,7 +369,10 @@ class ThreadedDataParallel:
             self.optimizer.step()
 
         # what each device holds now (activations are freed by backward and not counted)
-        trace.hold(MAIN, x, y, weights, [p.grad for p in weights], gathered, grad_outputs, outputs[MAIN])
+        state = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        trace.hold(
+            MAIN, x, y, weights, [p.grad for p in weights], state, gathered, grad_outputs, outputs[MAIN]
+        )
         for d in range(1, k):
             replica = list(self.replicas[d].parameters())
             trace.hold(d, chunks[d], replica, [p.grad for p in replica], outputs[d], grad_chunks[d])
@@ -346,9 +380,9 @@ class ThreadedDataParallel:
         return trace
 
 
-def single_device_step(model: nn.Module, x, y, lr: float = 0.05) -> float:
-    """The reference: one plain SGD step on one device with the whole batch; returns the loss."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+def single_device_step(model: nn.Module, x, y, optimizer=None) -> float:
+    """The reference: one plain training step on one device with the whole batch; returns the loss."""
+    optimizer = optimizer or make_optimizer(model)
     optimizer.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x), y)
     loss.backward()
@@ -370,7 +404,9 @@ def max_difference(a, b, grads: bool = False) -> float:
 def burden(spec: ModelSpec, batch: int, k_max: int, repeats: int = 3) -> list[dict]:
     """For K = 1..k_max: what the main device moves, holds and spends against the average other device.
 
-    Each K runs ``repeats`` steps; bytes come from the last step, times are medians over the steps.
+    Each K runs ``repeats`` steps; bytes come from the last step, CPU times are medians over the steps.
+    CPU time (``time.thread_time``) counts the work itself; a lane's wall time would also count the
+    time its thread waited for the GIL or for a free core.
     """
     rows = []
     x, y = make_batch(spec, batch)
@@ -378,69 +414,82 @@ def burden(spec: ModelSpec, batch: int, k_max: int, repeats: int = 3) -> list[di
         dp = ThreadedDataParallel(make_model(spec), k)
         traces = [dp.step(x, y) for _ in range(repeats)]
         last = traces[-1]
-        busy = [statistics.median(t.busy()[d] for t in traces) for d in range(k)]
+        cpu = [statistics.median(t.cpu()[d] for t in traces) for d in range(k)]
         moved, held = last.moved(), last.held_bytes()
         others = range(1, k)
-
-        def mean_of_others(values):
-            return sum(values[d] for d in others) / len(others) if k > 1 else float("nan")
-
         rows.append(
             {
                 "K": k,
                 "main MB moved": moved[MAIN] / 2**20,
-                "other MB moved": mean_of_others(moved) / 2**20,
+                "other MB moved": _mean(moved, others) / 2**20,
                 "main MB held": held[MAIN] / 2**20,
-                "other MB held": mean_of_others(held) / 2**20,
-                "main ms busy": busy[MAIN] * 1e3,
-                "other ms busy": mean_of_others(busy) * 1e3,
+                "other MB held": _mean(held, others) / 2**20,
+                "main CPU ms": cpu[MAIN] * 1e3,
+                "other CPU ms": _mean(cpu, others) * 1e3,
                 "main share of bytes moved": moved[MAIN] / sum(moved) if sum(moved) else 1.0,
-                "main share of busy time": busy[MAIN] / sum(busy),
+                "main share of CPU time": cpu[MAIN] / sum(cpu),
             }
         )
     return rows
 
 
+def _mean(values, indices) -> float:
+    """Mean of ``values`` at ``indices`` (NaN when there are none)."""
+    indices = list(indices)
+    return sum(values[i] for i in indices) / len(indices) if indices else float("nan")
+
+
 def step_times(spec: ModelSpec, batch: int, k_max: int, steps: int, warmup: int = 1) -> list[dict]:
     """Median wall time of one training step: one device (plain PyTorch), then K = 1..k_max threads.
 
-    Every configuration gets the same global batch; each row also carries the summed CPU time of the
-    forward and backward threads and the wall time of those two phases.
+    Every configuration gets the same global batch. The configurations take turns, one step each,
+    so a machine that gets busier or quieter meanwhile affects them all alike. Each threaded row also
+    carries the wall time of the forward and backward phases and the CPU time their threads used.
     """
     x, y = make_batch(spec, batch)
     model = make_model(spec)
-    reference = []
+    optimizer = make_optimizer(model)
+    parallel = {k: ThreadedDataParallel(make_model(spec), k) for k in range(1, k_max + 1)}
+    walls: dict[int, list[float]] = {k: [] for k in [0, *parallel]}
+    phase_walls: dict[int, list[float]] = {k: [] for k in parallel}
+    phase_cpus: dict[int, list[float]] = {k: [] for k in parallel}
     for i in range(warmup + steps):
         start = time.perf_counter()
-        single_device_step(model, x, y)
+        single_device_step(model, x, y, optimizer)
         if i >= warmup:
-            reference.append(time.perf_counter() - start)
-    rows = [{"config": "one device", "K": 0, "step ms": statistics.median(reference) * 1e3}]
-    for k in range(1, k_max + 1):
-        dp = ThreadedDataParallel(make_model(spec), k)
-        walls, phase_walls, phase_cpus = [], [], []
-        for i in range(warmup + steps):
+            walls[0].append(time.perf_counter() - start)
+        for k, dp in parallel.items():
             start = time.perf_counter()
             trace = dp.step(x, y)
             wall = time.perf_counter() - start
             if i < warmup:
                 continue
-            walls.append(wall)
+            walls[k].append(wall)
             work = [e for e in trace.events if e.step in ("parallel forward", "parallel backward")]
-            phase_walls.append(
+            phase_walls[k].append(
                 sum(
                     max(e.end for e in work if e.step == s) - min(e.start for e in work if e.step == s)
                     for s in ("parallel forward", "parallel backward")
                 )
             )
-            phase_cpus.append(sum(e.cpu for e in work))
+            phase_cpus[k].append(sum(e.cpu for e in work))
+    rows = [
+        {
+            "config": "one device",
+            "K": 0,
+            "step ms": statistics.median(walls[0]) * 1e3,
+            "fwd+bwd wall ms": "",
+            "fwd+bwd thread CPU ms": "",
+        }
+    ]
+    for k in parallel:
         rows.append(
             {
                 "config": f"K={k} threads",
                 "K": k,
-                "step ms": statistics.median(walls) * 1e3,
-                "fwd+bwd wall ms": statistics.median(phase_walls) * 1e3,
-                "fwd+bwd thread CPU ms": statistics.median(phase_cpus) * 1e3,
+                "step ms": statistics.median(walls[k]) * 1e3,
+                "fwd+bwd wall ms": statistics.median(phase_walls[k]) * 1e3,
+                "fwd+bwd thread CPU ms": statistics.median(phase_cpus[k]) * 1e3,
             }
         )
     return rows
@@ -464,12 +513,26 @@ def train_threaded(spec: ModelSpec, batch: int, steps: int, k: int, lr: float = 
     return model, times
 
 
+def train_single_device(spec: ModelSpec, batch: int, steps: int, lr: float = 0.05, warmup: int = 1):
+    """The reference for :func:`train_threaded`: plain PyTorch on one device, same batches and steps."""
+    model = make_model(spec)
+    optimizer = make_optimizer(model, lr)
+    times = []
+    for i in range(steps + warmup):
+        x, y = make_batch(spec, batch, seed=1000 + i)
+        start = time.perf_counter()
+        single_device_step(model, x, y, optimizer)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return model, times
+
+
 def train_torch_dataparallel(spec: ModelSpec, batch: int, steps: int, device_ids, lr=0.05, warmup=1):
     """The same training with the real torch.nn.DataParallel over CUDA ``device_ids`` (GPU only)."""
     main = torch.device("cuda", device_ids[0])
     model = make_model(spec).to(main)
     dp = nn.DataParallel(model, device_ids=device_ids)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = make_optimizer(model, lr)
     times = []
     for i in range(steps + warmup):
         x, y = make_batch(spec, batch, seed=1000 + i)
@@ -487,33 +550,52 @@ def train_torch_dataparallel(spec: ModelSpec, batch: int, steps: int, device_ids
 # --- the real nn.DataParallel ---------------------------------------------------------------------------
 
 
-def torch_dataparallel_on_cpu(spec: ModelSpec, batch: int) -> dict:
-    """Wrap a model in the real nn.DataParallel where no GPU is visible and watch what it does."""
-    x, y = make_batch(spec, batch)
-    plain = make_model(spec)
-    wrapped = nn.DataParallel(make_model(spec))
-    calls = {"module forward": 0, "replicate": 0, "scatter": 0, "parallel_apply": 0, "gather": 0}
+@contextmanager
+def count_thread_starts():
+    """Count the threads started inside the block: ``with count_thread_starts() as started: ...``."""
+    started = [0]
+    original = threading.Thread.start
 
-    def count(name, fn):
-        def counted(*args, **kwargs):
+    def counting(self, *args, **kwargs):
+        started[0] += 1
+        return original(self, *args, **kwargs)
+
+    threading.Thread.start = counting
+    try:
+        yield started
+    finally:
+        threading.Thread.start = original
+
+
+def torch_dataparallel_on_cpu(spec: ModelSpec, batch: int) -> dict:
+    """Wrap a model in the real nn.DataParallel where no GPU is visible, and watch what it does."""
+    x, y = make_batch(spec, batch)
+    plain, module = make_model(spec), make_model(spec)
+    wrapped = nn.DataParallel(module)
+    calls = dict.fromkeys(("module.forward", "scatter", "replicate", "parallel_apply", "gather"), 0)
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
 
-        return counted
+        return call
 
-    for name in ("replicate", "scatter", "parallel_apply", "gather"):
-        setattr(wrapped, name, count(name, getattr(wrapped, name)))
-    wrapped.module.register_forward_hook(lambda *_: calls.__setitem__("module forward", calls["module forward"] + 1))
-    out_plain, out_wrapped = plain(x), wrapped(x)
+    for name in ("scatter", "replicate", "parallel_apply", "gather"):
+        setattr(wrapped, name, counted(name, getattr(wrapped, name)))
+    module.register_forward_hook(lambda *_: calls.__setitem__("module.forward", calls["module.forward"] + 1))
+    with count_thread_starts() as started:
+        out_wrapped = wrapped(x)
+        F.cross_entropy(out_wrapped, y).backward()
+    out_plain = plain(x)
     F.cross_entropy(out_plain, y).backward()
-    F.cross_entropy(out_wrapped, y).backward()
     return {
         "device_ids": list(wrapped.device_ids),
-        "threads started": 0,  # nothing to count: parallel_apply, which starts them, is never called
+        "wraps the module itself": wrapped.module is module,
         "calls": calls,
-        "same module": wrapped.module is not None and isinstance(wrapped.module, nn.Sequential),
+        "threads started": started[0],
         "max output difference": (out_plain - out_wrapped).abs().max().item(),
-        "max gradient difference": max_difference(plain, wrapped.module, grads=True),
+        "max gradient difference": max_difference(plain, module, grads=True),
     }
 
 
@@ -533,7 +615,7 @@ def torch_pieces_on_gpus(spec: ModelSpec, batch: int, device_ids) -> dict:
     loss.backward()  # 6.-8. loss gradient, backward on every GPU, gradients reduced onto `model`
 
     mine = make_model(spec)
-    trace = ThreadedDataParallel(mine, len(device_ids), lr=0.0).step(x, y)  # lr 0: compare gradients
+    trace = ThreadedDataParallel(mine, len(device_ids)).step(x, y)  # .grad survives the update
     return {
         "replicas": len(replicas),
         "replica devices": [str(next(r.parameters()).device) for r in replicas],
@@ -544,6 +626,99 @@ def torch_pieces_on_gpus(spec: ModelSpec, batch: int, device_ids) -> dict:
             for p, q in zip(model.parameters(), mine.parameters(), strict=True)
         ),
     }
+
+
+# --- plots of what was measured ----------------------------------------------------------------------
+
+
+def plot_timeline(trace: Trace, title: str = ""):
+    """One lane per virtual device, one colour per step: :func:`helpers.plots.timeline` on a trace."""
+    from helpers import plots
+
+    return plots.timeline(trace.spans(), title=title, colors=STEP_COLORS)
+
+
+def plot_burden(rows: list[dict]):
+    """Bytes moved, bytes held and busy time per step: the main device against the average other one."""
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import PALETTE
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    ks = [r["K"] for r in rows]
+    panels = (
+        ("MB moved", "MB copied in or out per step"),
+        ("MB held", "MB held at the end of a step"),
+        ("CPU ms", "CPU ms of work per step (median)"),
+    )
+    for ax, (what, ylabel) in zip(axes, panels, strict=True):
+        main = [r[f"main {what}"] for r in rows]
+        other = [r[f"other {what}"] for r in rows]
+        ax.bar([k - 0.2 for k in ks], main, width=0.4, color=PALETTE[3], label="dev0 (main)")
+        ax.bar([k + 0.2 for k in ks], other, width=0.4, color=PALETTE[0], label="other devices (mean)")
+        ax.set_xticks(ks)
+        ax.set_xlabel("K virtual devices")
+        ax.set_ylabel(ylabel)
+        ax.set_title({"CPU ms": "CPU time used"}.get(what, what))
+    axes[0].legend(frameon=False, loc="upper left")
+    fig.suptitle("The main device's burden, measured from the trace (one process, CPU)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_times(results: dict[str, list[dict]]):
+    """Step time against K for each model: milliseconds, speed-up over one device, and how many
+    threads were computing at once (their CPU time over the wall time of forward + backward)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, rows in results.items():
+        one, threaded = rows[0]["step ms"], rows[1:]
+        ks = [r["K"] for r in threaded]
+        (line,) = left.plot(ks, [r["step ms"] for r in threaded], marker="o", label=name)
+        left.axhline(one, ls=":", lw=1, color=line.get_color())
+        middle.plot(ks, [one / r["step ms"] for r in threaded], marker="o", label=name)
+        ratio = [r["fwd+bwd thread CPU ms"] / r["fwd+bwd wall ms"] for r in threaded]
+        right.plot(ks, ratio, marker="o", label=name)
+    left.set_yscale("log")
+    left.yaxis.set_major_formatter(ScalarFormatter())
+    left.yaxis.set_minor_formatter(NullFormatter())
+    left.set_ylabel("ms per step (median; dotted: one device)")
+    middle.axhline(1, color="black", lw=1)
+    middle.set_ylabel("speed-up over one device (>1 is faster)")
+    right.set_ylabel("threads' CPU time / wall time")
+    right.set_title("fwd + bwd: threads computing at once", fontsize=10)
+    right.set_ylim(bottom=0)
+    for ax in (left, middle, right):
+        ax.set_xticks(ks)
+        ax.set_xlabel("K threads (virtual devices)")
+    middle.legend(frameon=False)
+    fig.suptitle("One process, K threads, the same global batch: measured step time")
+    fig.tight_layout()
+    return fig
+
+
+def plot_dp_vs_ddp(times: dict[str, list[float]]):
+    """Every measured step time of each approach (dots) and its median (bar), one row each."""
+    import matplotlib.pyplot as plt
+
+    from helpers.plots import PALETTE
+
+    fig, ax = plt.subplots(figsize=(8, 0.8 * len(times) + 1.4))
+    labels = []
+    for i, (name, seconds) in enumerate(times.items()):
+        ms = [s * 1e3 for s in seconds]
+        ax.barh(i, statistics.median(ms), color=PALETTE[i], alpha=0.45, height=0.6)
+        ax.plot(ms, [i] * len(ms), "o", color=PALETTE[i], ms=4)
+        labels.append(f"{name}\nmedian {statistics.median(ms):.1f} ms")
+    ax.set_yticks(range(len(times)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per training step (measured; bar: median, dots: every step)")
+    ax.set_xlim(left=0)
+    ax.set_title("Same model, same global batch, same steps")
+    fig.tight_layout()
+    return fig
 
 
 # --- exercises --------------------------------------------------------------------------------------------
@@ -557,7 +732,10 @@ def _replicate_bytes(fn):
             want = (k - 1) * weight_bytes
             got = fn(k, weight_bytes)
             if got != want:
-                return False, f"for k={k} and {weight_bytes} bytes of weights the main device sends {want}, not {got}."
+                return (
+                    False,
+                    f"for k={k} and {weight_bytes} bytes of weights the main device sends {want}, not {got}.",
+                )
     return True, "(k - 1) copies: every device but the main one gets the whole model, every single step."
 
 
@@ -580,4 +758,7 @@ def _per_replica_mean_loss(fn):
     for k in range(1, 17):
         if abs(fn(k) - k) > 1e-9:
             return False, f"with {k} equal slices the sum is {k} times the full-batch gradient, not {fn(k)}."
-    return True, "k times: each slice's mean already weighs its rows by 1/(B/k). DDP therefore divides the all-reduced sum by the world size."
+    return (
+        True,
+        "k times: each slice's mean already weighs its rows by 1/(B/k). DDP therefore divides the all-reduced sum by the world size.",
+    )
