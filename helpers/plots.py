@@ -231,3 +231,117 @@ def bucket_map(layouts: dict, *, title: str = "", unit: float = 2**20, unit_name
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+# --- added with lesson 09: one measured quantity per panel, a bar per setting ---------------------------
+
+
+def side_by_side(settings, panels: dict, *, title: str = "", note: str = ""):
+    """Bars of measured values, one panel per quantity; ``panels`` maps 'quantity (unit)' to one value per setting."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (label, values) in zip(axes, panels.items(), strict=True):
+        bars = ax.bar(
+            [str(s) for s in settings], values, 0.55, color=PALETTE[: len(settings)], edgecolor="white"
+        )
+        for bar, value in zip(bars, values, strict=True):
+            ax.annotate(
+                f"{value:.3g}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
+        ax.set_ylabel(label)
+        ax.set_ylim(0, max(max(values), 1e-12) * 1.18)
+        ax.grid(axis="x", visible=False)
+    if title:
+        fig.suptitle(title)
+    if note:
+        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=8, color="#555555")
+    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
+    return fig
+
+
+# --- added with lesson 08: layer placement, and measured stacks against a formula -------------------
+
+
+def placement(sizes, device_map: dict, *, title: str = "", unit: float = 2**20, unit_name: str = "MiB"):
+    """One bar per module in model order, its height its size, its colour the device it is placed on.
+
+    ``sizes``: ``(module name, bytes)`` in the order the model runs them; ``device_map``: name -> device.
+    """
+    names = [n for n, _ in sizes]
+    devices = list(dict.fromkeys(device_map[n] for n in names))
+    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.28 * len(names)), 3.8))
+    for i, (name, nbytes) in enumerate(sizes):
+        d = device_map[name]
+        ax.bar(i, nbytes / unit, 0.8, color=PALETTE[devices.index(d) % len(PALETTE)])
+    for j, d in enumerate(devices):
+        ax.bar(0, 0, color=PALETTE[j % len(PALETTE)], label=f"device {d}")
+    short = [n.replace("model.", "").replace("layers.", "L") for n in names]
+    ax.set_xticks(range(len(names)), short, rotation=90, fontsize=7)
+    ax.set_ylabel(unit_name)
+    ax.grid(axis="x", visible=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def stacked_vs_formula(
+    groups,
+    parts: dict,
+    formula_totals,
+    *,
+    ax=None,
+    ylabel: str = "",
+    title: str = "",
+    label: str = "formula (total)",
+):
+    """Measured parts stacked per group, with the formula's total for each group drawn as a black dash."""
+    import numpy as np
+
+    ax = stacked_bars(groups, parts, ax=ax, ylabel=ylabel, title=title)
+    positions = np.arange(len(groups))
+    ax.hlines(formula_totals, positions - 0.38, positions + 0.38, colors="black", lw=2.5, label=label)
+    top = max(max(formula_totals), ax.get_ylim()[1] / 1.15)
+    ax.set_ylim(0, top * 1.18)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return ax
+
+
+# --- added with lesson 06: training curves read from SWIFT's logs ------------------------------------
+
+
+def training_curves(
+    runs: dict, *, metrics=(("loss", "loss"), ("token_acc", "token accuracy")), title: str = ""
+):
+    """One panel per metric, side by side, one line per run. ``runs`` maps a label to an object with
+    ``steps`` and the metric attributes (e.g. ``helpers.finetune.RunLog``), all as measured."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for ax, (attr, name) in zip(axes[0], metrics, strict=True):
+        for i, (label, run) in enumerate(runs.items()):
+            values = getattr(run, attr)
+            marker = "o" if len(values) <= 12 else None
+            ax.plot(
+                run.steps,
+                values,
+                styles[i % len(styles)],
+                marker=marker,
+                ms=4,
+                lw=1.8,
+                color=PALETTE[i % len(PALETTE)],
+                label=label,
+            )
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(name)
+        ax.set_title(f"{name} (measured, from logging.jsonl)", fontsize=10)
+    axes[0][0].legend(frameon=False, fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,156 @@
+"""Unit tests for helpers.sharding: formulas, byte counting, collective counting, placement, SWIFT's grouping."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers import parallelism, sharding
+from helpers.exercises import check
+
+P = 1000
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_formulas_divide_the_right_parts(world):
+    ddp = sharding.formula_bytes(P, world, "ddp")
+    assert sum(ddp.values()) == P * parallelism.FP32_ADAM.total  # 16 bytes per parameter, whatever N
+    z2 = sharding.formula_bytes(P, world, "zero2")
+    assert z2["parameters"] == 4 * P
+    assert z2["gradients"] == 4 * P / world and z2["Adam moments"] == 8 * P / world
+    assert z2["fp32 master copy"] == parallelism.BF16_MIXED_ADAM.master_weights * P / world
+    assert sum(sharding.formula_bytes(P, world, "zero3").values()) == pytest.approx(20 * P / world)
+    assert sum(sharding.formula_bytes(P, world, "fsdp2").values()) == pytest.approx(16 * P / world)
+    mixed = sharding.formula_bytes(P, world, "zero3", parallelism.BF16_MIXED_ADAM)
+    assert sum(mixed.values()) == pytest.approx(parallelism.BF16_MIXED_ADAM.total * P / world)
+
+
+def test_deepspeed_recipe_reuses_notebook_01_figures():
+    r = sharding.DEEPSPEED_FP32
+    assert (r.weights, r.gradients, r.adam_moments) == (
+        parallelism.FP32_ADAM.weights,
+        parallelism.FP32_ADAM.gradients,
+        parallelism.FP32_ADAM.adam_moments,
+    )
+    assert r.master_weights == parallelism.BF16_MIXED_ADAM.master_weights
+
+
+@pytest.mark.parametrize("world", [2, 3, 8, 64])
+def test_traffic_theory(world):
+    wire = {m: sharding.wire_bytes(sharding.theory_traffic(P, world, m), world) for m in sharding.METHODS}
+    assert wire["ddp"] == pytest.approx(2 * (world - 1) / world * 4 * P)
+    assert wire["zero2"] == pytest.approx(wire["ddp"])
+    assert wire["zero3"] == pytest.approx(1.5 * wire["ddp"]) == pytest.approx(wire["fsdp2"])
+
+
+def test_held_bytes_of_a_plain_model_match_ddp_formula():
+    model = sharding.small_model(features=8, hidden=16, layers=2, classes=4)
+    opt = torch.optim.Adam(model.parameters())
+    x, y = sharding.dataset(8, features=8, classes=4)
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    opt.step()  # creates Adam's moments; gradients are still there
+    n = parallelism.count_parameters(model)
+    held = sharding.held_bytes_torch(model, opt)
+    assert held == {k: int(v) for k, v in sharding.formula_bytes(n, 1, "ddp").items()}
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_collective_counter_counts_outer_calls_once(one_rank_group):
+    counter = sharding.CollectiveCounter().install()
+    try:
+        t = torch.ones(10)
+        dist.all_reduce(t)  # not counting yet
+        with counter.count():
+            dist.all_reduce(t)
+            out = torch.empty(10)
+            dist.all_gather_into_tensor(out, torch.ones(10))  # deprecated name calls all_gather_single
+        assert dict(counter.calls) == {"all_reduce": 1, "all_gather": 1}
+        assert dict(counter.payload) == {"all_reduce": 40, "all_gather": 40}
+    finally:
+        counter.uninstall()
+    assert not getattr(dist.all_reduce, "_counted", False)
+
+
+def test_stage_spans_follow_the_device_map():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    device_map = {"0": 0, "1": 0, "2": 1}
+
+    spans = sharding.stage_spans(model, device_map, {"input": torch.ones(2, 4)}, batches=2)
+    assert len(spans) == 6
+    assert {s["lane"] for s in spans} == {"device 0", "device 1"}
+    assert sharding.overlapping(spans) == 0
+    shares = sharding.busy_fractions(spans)
+    assert 0 < sum(shares.values()) <= 1 + 1e-9
+
+
+def test_overlapping_counts_only_other_lanes():
+    spans = [
+        {"lane": "a", "start": 0, "end": 2},
+        {"lane": "a", "start": 1, "end": 3},
+        {"lane": "b", "start": 2.5, "end": 4},
+    ]
+    assert sharding.overlapping(spans) == 1
+
+
+def test_planner_on_a_meta_model():
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    total = sharding.module_bytes(model)[""]
+    caps = {0: total * 8 // 10, 1: total * 8 // 10}  # accelerate keeps room for the largest layer
+    plan = sharding.plan_device_map(model, caps)
+    assert sharding.plan_fits(model, plan, caps)
+    assert set(plan.values()) == {0, 1}
+    layers = [d for n, d in plan.items() if ".layers." in n]
+    assert layers == sorted(layers) and len(layers) == 6
+    rows = sharding.placement_rows(model, plan, caps)
+    assert sum(r["count"] for r in rows) == len(plan)
+    assert not sharding.plan_fits(model, plan, {0: caps[0]})  # a device without a cap is not allowed
+
+
+def test_swift_grouping_uses_swift_rules():
+    assert sharding.swift_rule_in_source()
+    assert sharding.swift_devices(1, 8, 2) == [1, 3, 5, 7]
+    four_two = sharding.swift_grouping(4, 2)
+    assert four_two["GPUs per rank"] == [[0, 2], [1, 3]]
+    assert four_two["DDP + device_map (is_mp_ddp)"] is True
+    plain = sharding.swift_grouping(2, 2)
+    assert plain["device_map (is_mp)"] is False and plain["GPUs per rank"] == [[0], [1]]
+    assert "refused" in sharding.swift_grouping(6, 4)["GPUs per rank"][0]
+
+
+def test_curves_agree():
+    assert sharding.curves_agree({"a": [1.0, 0.5], "b": [1.0, 0.50001]}, 1e-4) == (True, pytest.approx(1e-5))
+    assert not sharding.curves_agree({"a": [1.0], "b": [1.1]}, 1e-4)[0]
+
+
+def test_saved_shards_without_checkpoint(tmp_path):
+    assert sharding.saved_shards(tmp_path) == {"checkpoint": None}
+
+
+def test_checkers():
+    n = parallelism.QWEN25_7B_PARAMETERS
+    assert check("08.1", n * parallelism.BF16_MIXED_ADAM.total / 8)
+    assert not check("08.1", n * parallelism.BF16_MIXED_ADAM.total)
+    assert check("08.2", [[0, 2, 4, 6], [1, 3, 5, 7]])
+    assert not check("08.2", [[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert check("08.3", 1.5)
+    assert not check("08.3", 1.0)
+    assert not check("08.3", None)
