@@ -10,6 +10,15 @@
 - plots      the course's plot style and a timeline of measured intervals
 - exercises  checkers that tell a learner whether an exercise answer is right
 - runner     execute the notebooks with papermill, render HTML, write build/report.{md,json}
+
+One module per lesson concept, each explained in its notebook:
+- parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
+- dataparallel  02: a threaded DataParallel that traces the nine steps of a step
+- ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce
+- training      04: toy data and model, sampler shards, atomic checkpoints, counted all-reduces
+- finetune      06: the course's SWIFT data, arguments and logs
+- sharding      08: device_map placement, DDP+device_map grouping, ZeRO / FSDP bytes and traffic
+- troubleshooting 09: the seed's four tips reproduced, and debugging a hang
 """
 
 from helpers.errors import CourseError, install_notebook_handler

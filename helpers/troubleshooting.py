@@ -1,0 +1,360 @@
+"""Troubleshooting (小帖士): reproduce the seed's four tips, measure them, and debug a hang.
+
+The pieces a lesson needs around its launched scripts: finding an error's key lines in a launch's
+output, a small offline chat dataset and SWIFT's training log, the stop tokens of SWIFT's templates,
+running a one-process script with a timeout, and dumping the Python stacks of stuck ranks with py-spy.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from helpers import launching
+from helpers.exercises import checker
+
+READY_TWICE = "Expected to mark a variable ready only once"
+_PREFIX = re.compile(r"^\[rank\d+\]:(?:\[rank\d+\]: ?)?")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours (Jupyter kernels often force them on)
+
+
+# --- reading what a launch printed -----------------------------------------------------------------
+
+
+def strip_rank(line: str) -> str:
+    """A line without the ``[rankN]:`` prefix the launcher (and torch) put in front of it."""
+    return _PREFIX.sub("", line)
+
+
+def key_lines(text, *needles: str, width: int = 160) -> list[str]:
+    """The distinct lines of ``text`` (a string, a list of lines or an exception) containing a needle.
+
+    Lines are shown without their rank prefix and cut to ``width`` characters, each once.
+    """
+    if isinstance(text, BaseException):
+        text = str(text)
+    lines = text.splitlines() if isinstance(text, str) else list(text)
+    found: list[str] = []
+    for line in lines:
+        plain = strip_rank(line).strip()
+        if any(n in plain for n in needles):
+            short = plain if len(plain) <= width else plain[: width - 1] + "…"
+            if short not in found:
+                found.append(short)
+    return found
+
+
+def ranks_mentioning(lines, needle: str) -> list[int]:
+    """Which ranks printed a line containing ``needle`` (from the launcher's ``[rankN]:`` prefixes)."""
+    ranks = set()
+    for line in lines:
+        match = re.match(r"^\[rank(\d+)\]:", line)
+        if match and needle in line:
+            ranks.add(int(match.group(1)))
+    return sorted(ranks)
+
+
+# --- a script in one process, with a timeout ---------------------------------------------------------
+
+
+def python_script(script, *args, timeout: float = 120, env: dict | None = None, show: bool = True):
+    """Run ``python script args`` in its own process (so its memory peak is its own) and wait.
+
+    The same launcher as torchrun: the command is printed, output streamed, the process stopped on
+    timeout (LaunchTimeout); what the script saves with ``save_result`` comes back in ``.results[0]``.
+    """
+    launch = launching.Launch(
+        [sys.executable, script, *args], env=env, label=Path(str(script)).name, timeout=timeout
+    )
+    return launching.run(launch, show=show)[0]
+
+
+# --- SWIFT: a tiny offline dataset and the training log ----------------------------------------------
+
+SUMS = [(a, b) for a in range(2, 8) for b in range(3, 6)]
+
+
+def write_chat_dataset(folder, rows: int = 16) -> Path:
+    """A small chat dataset SWIFT reads (JSON lines with ``messages``); the project writes it itself."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sums.jsonl"
+    lines = []
+    for a, b in SUMS[:rows]:
+        messages = [
+            {"role": "user", "content": f"What is {a} plus {b}?"},
+            {"role": "assistant", "content": f"{a} plus {b} is {a + b}."},
+        ]
+        lines.append(json.dumps({"messages": messages}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def swift_log(output_dir) -> list[dict]:
+    """The rows of SWIFT's ``logging.jsonl`` in the newest run folder under ``output_dir``."""
+    runs = sorted(Path(output_dir).glob("v*/logging.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return []
+    return [json.loads(line) for line in runs[-1].read_text().splitlines() if line.strip()]
+
+
+def losses(log: list[dict]) -> list[float]:
+    """The training losses SWIFT logged, step by step."""
+    return [row["loss"] for row in log if "loss" in row]
+
+
+# --- templates: how an answer ends -----------------------------------------------------------------
+
+
+def template_meta(name: str) -> dict:
+    """What SWIFT's template ``name`` puts around a turn (prompt, separator, suffix, stop words), as repr text."""
+    from swift.template import TEMPLATE_MAPPING
+
+    meta = TEMPLATE_MAPPING[name]
+    fields = ("prompt", "chat_sep", "suffix", "stop_words")
+    return {"template": name, **{f: " + ".join(repr(part) for part in getattr(meta, f)) for f in fields}}
+
+
+def swift_tokenizer(model_info):
+    """The model's tokenizer as SWIFT loads it (SWIFT's template encoder needs SWIFT's own object)."""
+    from swift.model import get_processor
+
+    return get_processor(model_info.path, model_type=model_info.model_type)
+
+
+def with_eos(tokenizer, eos_token: str):
+    """A copy of ``tokenizer`` whose end-of-sequence token is ``eos_token`` (the rest unchanged)."""
+    other = copy.deepcopy(tokenizer)
+    other.eos_token = eos_token
+    return other
+
+
+def encode_turn(tokenizer, template: str, query: str, response: str) -> dict:
+    """Encode one user/assistant turn with SWIFT's template; what the loss trains the model to emit last."""
+    from swift.template import get_template
+
+    encoder = get_template(tokenizer, template_type=template)
+    encoder.set_mode("train")  # training mode: the encoding carries labels (the tokens the loss trains)
+    encoded = encoder.encode(
+        {"messages": [{"role": "user", "content": query}, {"role": "assistant", "content": response}]}
+    )
+    trained = [t for t in encoded["labels"] if t != -100]
+    return {
+        "template": template,
+        "text": tokenizer.decode(encoded["input_ids"]),
+        "trained tokens": len(trained),
+        "last trained ids": trained[-2:],
+        "last trained tokens": tokenizer.convert_ids_to_tokens(trained[-2:]),
+    }
+
+
+def generate_until(model, tokenizer, prompt_ids, stop_ids, max_new_tokens: int) -> dict:
+    """Greedy generation that stops only at ``stop_ids``: how many tokens came, and did it stop."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a small model on a shared 2-core machine: one thread is the fastest
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt_ids], device=model.device),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=model.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=list(stop_ids),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    new = out[0, len(prompt_ids) :].tolist()
+    stopped = bool(new) and new[-1] in set(stop_ids)
+    return {
+        "stop ids": list(stop_ids),
+        "new tokens": len(new),
+        "stopped by itself": stopped,
+        "text": tokenizer.decode(new, skip_special_tokens=False),
+    }
+
+
+# --- offline flags: what SWIFT's source does with them -----------------------------------------------
+
+
+def swift_source(relative: str) -> Path:
+    """A file of the installed SWIFT package (found without importing it)."""
+    spec = importlib.util.find_spec("swift")
+    return Path(next(iter(spec.submodule_search_locations))) / relative
+
+
+def grep_source(relative: str, needle: str, context: int = 0) -> list[str]:
+    """``file:line: text`` for the lines of an installed SWIFT file that contain ``needle``."""
+    path = swift_source(relative)
+    lines = path.read_text().splitlines()
+    shown: list[str] = []
+    for i, line in enumerate(lines):
+        if needle in line:
+            for j in range(max(0, i - context), min(len(lines), i + context + 1)):
+                entry = f"swift/{relative}:{j + 1}: {lines[j].rstrip()}"
+                if entry not in shown:
+                    shown.append(entry)
+    return shown
+
+
+# --- gradient checkpointing: the trade-off -----------------------------------------------------------
+
+
+def saving_and_slowdown(off: dict, on: dict) -> tuple[float, float]:
+    """(fraction of the step's extra memory saved, step-time ratio) of checkpointing on vs off."""
+    saved = 1 - on["peak_extra_mb"] / off["peak_extra_mb"]
+    return saved, on["step_seconds"] / off["step_seconds"]
+
+
+# --- a hang: stacks of the stuck ranks -------------------------------------------------------------
+
+
+def py_spy() -> str | None:
+    """The py-spy executable next to this Python (or on PATH), None if it is not installed."""
+    here = Path(sys.executable).with_name("py-spy")
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def worker_pids(launch: launching.Launch, script_name: str) -> list[int]:
+    """The pids of the processes under ``launch`` that run ``script_name`` (torchrun's workers)."""
+    try:
+        children = psutil.Process(launch.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = []
+    for proc in children:
+        try:
+            if any(script_name in part for part in proc.cmdline()):
+                found.append(proc.pid)
+        except psutil.Error:
+            pass
+    return sorted(found)
+
+
+def dump_stacks(pids, timeout: float = 20) -> dict[int, str]:
+    """``py-spy dump --pid PID`` for every pid: the Python stack each one is standing in right now."""
+    exe = py_spy()
+    dumps = {}
+    for pid in pids:
+        if exe is None:
+            dumps[pid] = "py-spy is not installed (pip install py-spy)"
+            continue
+        try:
+            done = subprocess.run(
+                [exe, "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, "NO_COLOR": "1", "CLICOLOR_FORCE": "0", "FORCE_COLOR": "0"},
+            )
+            dumps[pid] = _ANSI.sub("", done.stdout + done.stderr).strip()
+        except subprocess.TimeoutExpired:
+            dumps[pid] = f"py-spy dump did not answer within {timeout:g} s"
+    return dumps
+
+
+def run_and_dump(launch: launching.Launch, script_name: str, *, ready: str, ranks: int, timeout: float):
+    """Run ``launch`` until it ends or ``timeout``; once it is stuck, dump its workers' stacks with py-spy.
+
+    "Stuck" means: ``ranks`` output lines containing ``ready`` have arrived, plus one quiet second.
+    Returns ``(result or the LaunchError it raised, {pid: stack}, seconds until it ended)``.
+    """
+    dumps: dict[int, str] = {}
+
+    def watch():
+        while launch.proc is None or sum(ready in line for line in list(launch.lines)) < ranks:
+            if launch.proc is not None and launch.proc.poll() is not None:
+                return
+            time.sleep(0.1)
+        time.sleep(1.0)
+        if launch.proc.poll() is None:
+            dumps.update(dump_stacks(worker_pids(launch, script_name)))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    start = time.perf_counter()
+    watcher.start()
+    try:
+        outcome = launching.run(launch, timeout=timeout)[0]
+    except launching.LaunchError as exc:
+        outcome = exc
+    watcher.join(timeout=30)
+    return outcome, dumps, time.perf_counter() - start
+
+
+def stack_frames(dump: str) -> list[str]:
+    """The function names of a py-spy dump, innermost first (``name (file:line)`` lines)."""
+    frames = []
+    for line in _ANSI.sub("", dump).splitlines():
+        match = re.match(r"^\s+(\S+) \((.*):(\d+)\)$", line)
+        if match:
+            frames.append(f"{match.group(1)} ({Path(match.group(2)).name}:{match.group(3)})")
+    return frames
+
+
+# --- exercises -----------------------------------------------------------------------------------------
+
+
+@checker("09.1")
+def _which_settings_fail(answer):
+    """The set of (use_reentrant, find_unused_parameters) pairs that stop DDP with READY_TWICE."""
+    want = {(True, True)}
+    got = {tuple(bool(v) for v in pair) for pair in answer}
+    if got == want:
+        return True, (
+            "Only reentrant checkpointing with find_unused_parameters=True: DDP marks the parameters it "
+            "could not see in the forward graph as ready, then the recomputation in backward fires their "
+            "hooks a second time."
+        )
+    if (True, True) not in got:
+        return False, "one of the four settings does stop with the error; which pair did section 1 launch?"
+    return (
+        False,
+        f"{sorted(got - want)} trained fine in this notebook's runs (or would): only one pair fails.",
+    )
+
+
+@checker("09.2")
+def _activation_memory(fn):
+    """A function (layers, layer_mb, input_mb, checkpointed) -> MB of activations held at the peak."""
+    for layers in (1, 2, 8, 30):
+        for layer_mb, input_mb in ((1.0, 0.1), (12.5, 1.5), (40.0, 2.0)):
+            for ckpt in (False, True):
+                want = layers * input_mb + layer_mb if ckpt else layers * layer_mb
+                got = fn(layers, layer_mb, input_mb, ckpt)
+                if got is None or abs(float(got) - want) > 1e-6 * max(want, 1):
+                    return False, (
+                        f"{layers} layers of {layer_mb} MB (inputs {input_mb} MB), checkpointed={ckpt}: "
+                        f"expected {want:g} MB, got {got}."
+                    )
+    return True, (
+        "Without checkpointing every layer's activations wait for backward; with it only each layer's "
+        "input is kept, plus one layer's activations while that layer is recomputed."
+    )
+
+
+@checker("09.3")
+def _first_to_stop(answer):
+    """Which rank's py-spy dump shows it stuck inside the collective, and which one never arrived."""
+    try:
+        waiting, missing = (int(answer[0]), int(answer[1]))
+    except (TypeError, ValueError, IndexError):
+        return False, "answer with a pair (rank waiting in all_reduce, rank that never called it)."
+    if (waiting, missing) == (0, 1):
+        return True, (
+            "Rank 0 waits inside all_reduce for a partner that never comes; rank 1, the real culprit, is "
+            "somewhere else entirely. The stuck-looking rank is rarely the one to fix."
+        )
+    return False, "look at the innermost frames of each dump: which rank is inside all_reduce?"
