@@ -1,0 +1,262 @@
+"""helpers.training: deterministic toys, sampler shards, atomic checkpoints under SIGKILL, the comm hook."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import launching, paths, training
+from helpers.errors import CourseError
+from helpers.exercises import check
+
+# --- deterministic toys -----------------------------------------------------------------------------
+
+
+def test_toy_data_and_model_are_deterministic_and_leave_the_global_rng_alone():
+    a, b = training.toy_dataset(64), training.toy_dataset(64)
+    assert all(torch.equal(x, y) for x, y in zip(a.tensors, b.tensors, strict=True))
+    assert not torch.equal(training.toy_dataset(64, seed=1).tensors[0], a.tensors[0])
+    labels = a.tensors[1]
+    assert labels.dtype == torch.int64 and labels.min() >= 0 and labels.max() < training.CLASSES
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    m1, m2 = training.toy_model(32), training.toy_model(32)
+    assert torch.equal(torch.rand(3), expected), "building a toy model must not consume the global RNG"
+    assert training.bit_equal(m1.state_dict(), m2.state_dict())
+    assert not training.bit_equal(m1.state_dict(), training.toy_model(32, seed=1).state_dict())
+    assert training.parameter_count(m1) == 32 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
+
+
+# --- DistributedSampler ---------------------------------------------------------------------------------
+
+
+def test_sampler_shards_are_disjoint_and_set_epoch_reshuffles():
+    with_epoch = training.sampler_indices(40, 2, epochs=3, set_epoch=True)
+    without = training.sampler_indices(40, 2, epochs=3, set_epoch=False)
+    assert all(training.disjoint_cover(ranks, 40) for ranks in with_epoch)
+    assert not training.every_epoch_identical(with_epoch)
+    assert training.every_epoch_identical(without)
+    assert with_epoch[0] == without[0], "epoch 0 is the same either way"
+    table = training.sample_table(with_epoch, show=4)
+    assert [row["epoch"] for row in table] == [0, 1, 2] and table[0]["rank 1"].endswith("…")
+
+
+def test_sampler_pads_uneven_data_with_repeats():
+    shards = training.sampler_indices(1000, 3, epochs=1)[0]
+    assert [len(s) for s in shards] == [334, 334, 334]
+    flat = [i for s in shards for i in s]
+    assert set(flat) == set(range(1000)) and len(flat) - len(set(flat)) == 2
+    assert not training.disjoint_cover(shards, 1000)
+
+
+def test_resume_point():
+    assert training.resume_point(0, 4, 2) == (0, 0)
+    assert training.resume_point(3, 4, 2) == (0, 6)
+    assert training.resume_point(4, 4, 2) == (1, 0)
+    assert training.resume_point(9, 4, 3) == (2, 3)
+
+
+def test_knob_checks_stop_with_one_sentence():
+    assert training.check_layout(64, 2, 8, 2) == 2
+    for call, words in (
+        (lambda: training.check_layout(60, 2, 8, 2), "multiple of 32"),
+        (lambda: training.check_kill_at(3, 2, 12), "KILL_AT = 3"),
+        (lambda: training.check_kill_at(2, 2, 12), "from 4 to 12"),
+        (lambda: training.check_kill_at(14, 2, 12), "12 steps"),
+        (lambda: training.check_world(1, "gpu"), "PROFILE = 'cpu'"),
+        (lambda: training.check_world(3, "cpu"), "even number"),
+    ):
+        with pytest.raises(CourseError) as info:
+            call()
+        message = str(info.value)
+        assert words in message and "\n" not in message and message.endswith(".")
+    training.check_kill_at(4, 2, 12)
+    training.check_world(2, "cpu")
+
+
+# --- atomic checkpoints -------------------------------------------------------------------------------------
+
+
+def test_atomic_save_replaces_the_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "latest.pt"
+    training.atomic_save({"step": 1, "w": torch.ones(3)}, path)
+    training.atomic_save({"step": 2, "w": torch.zeros(3)}, path)
+    assert training.load_checkpoint(path)["step"] == 2
+    assert training.partial_files(tmp_path) == []
+    assert training.load_checkpoint(tmp_path / "missing.pt") is None
+    assert training.try_load(path) == (True, "step 2")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from pathlib import Path
+    from helpers import training
+
+    folder, mode = Path(sys.argv[1]), sys.argv[2]
+    big = {"step": 2, "w": torch.randn(1_000_000)}  # about 4 MB
+    if mode == "atomic":  # dies halfway through an atomic write
+        training.atomic_save(big, folder / "latest.pt", wrap=lambda f: training.KillAfterBytes(f, 2_000_000))
+    elif mode == "plain":  # dies halfway through a plain torch.save over the only checkpoint
+        with open(folder / "latest.pt", "wb") as f:
+            torch.save(big, training.KillAfterBytes(f, 2_000_000))
+    else:  # saves again and again until it is killed from outside
+        step = 2
+        while True:
+            training.atomic_save({"step": step, "w": torch.full((1_000_000,), float(step))}, folder / "latest.pt")
+            step += 1
+    """
+)
+
+
+def _writer(tmp_path, mode):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path), mode], cwd=paths.ROOT)
+
+
+def test_a_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path):
+    training.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
+    proc = _writer(tmp_path, "atomic")
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    partial = training.partial_files(tmp_path)
+    assert len(partial) == 1 and partial[0].stat().st_size == 2_000_000
+    assert training.try_load(partial[0])[0] is False
+    assert training.load_checkpoint(tmp_path / "latest.pt")["step"] == 1
+
+
+def test_a_kill_mid_plain_save_destroys_the_only_checkpoint(tmp_path):
+    training.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
+    proc = _writer(tmp_path, "plain")
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    ok, why = training.try_load(tmp_path / "latest.pt")
+    assert not ok and why, "a half-written plain torch.save must not load"
+
+
+def test_sigkill_from_outside_during_repeated_saves_never_breaks_latest(tmp_path):
+    proc = _writer(tmp_path, "loop")
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "latest.pt").exists() or not training.partial_files(tmp_path):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGKILL)  # a temporary file exists: most likely mid-write
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = training.load_checkpoint(tmp_path / "latest.pt")
+    assert state["step"] >= 2 and torch.all(state["w"] == float(state["step"]))
+
+
+# --- the counting comm hook, on a one-process gloo group ----------------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(launching.free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_counting_hook_counts_bytes_and_no_sync_skips_them(one_rank_group):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = training.toy_model(16)
+    ddp = DDP(model)
+    comm = training.CommCounter()
+    ddp.register_comm_hook(comm, training.counting_allreduce)
+    x, y = training.toy_dataset(8).tensors
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    F.cross_entropy(ddp(x), y).backward()
+    assert comm.bytes == grad_bytes and comm.calls >= 1
+    comm.reset()
+    for i in range(3):  # accumulate 3 micro-batches, synchronising only the last
+        with ddp.no_sync() if i < 2 else torch.enable_grad():
+            F.cross_entropy(ddp(x), y).backward()
+    assert comm.bytes == training.allreduce_bytes(1, 3, grad_bytes, no_sync=True)
+    assert comm.summary()["buckets"] >= 1
+
+
+# --- the DataParallel stand-in, and small pieces --------------------------------------------------------
+
+
+def test_threaded_dataparallel_step_matches_a_plain_step():
+    x, y = training.toy_dataset(32, seed=3).tensors
+    plain = training.toy_model(24)
+    opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    F.cross_entropy(plain(x), y).backward()
+    opt.step()
+    main = training.toy_model(24)
+    replicas = [main, training.toy_model(24, seed=5)]  # the copy step must overwrite these weights
+    training._dp_step(main, replicas, torch.optim.Adam(main.parameters(), lr=1e-3), x, y)
+    assert training.max_weight_diff(plain.state_dict(), main.state_dict()) < 1e-6
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    again, step = training.toy_model(24), training.plain_stepper(training.toy_model(24), x, y)
+    step()
+    dp = training.dataparallel_stepper(24, 2, x, y)
+    dp()
+    assert torch.equal(torch.rand(1), expected)  # neither stepper touches the global RNG
+    assert training.parameter_count(again) == training.parameter_count(plain)
+
+
+def test_event_log_and_fault_story(tmp_path):
+    log = training.EventLog(tmp_path / "events.jsonl")
+    for event in (
+        dict(event="start", attempt=0, step=0),
+        dict(event="step", attempt=0, step=1, loss=2.0),
+        dict(event="saved", attempt=0, step=1),
+        dict(event="crash", attempt=0, step=2),
+        dict(event="start", attempt=1, step=1),
+        dict(event="done", attempt=1, step=3),
+    ):
+        log.write(**event)
+    training.EventLog(tmp_path / "events.jsonl", enabled=False).write(event="step", attempt=9, step=9)
+    events = training.read_events(tmp_path / "events.jsonl")
+    assert len(events) == 6
+    first, second = training.fault_story(events)
+    assert first["saved"] == [1] and "SIGKILL" in first["ended"] and first["last step"] == 1
+    assert second["started at step"] == 1 and second["ended"] == "finished"
+
+
+def test_comparisons_and_throughput():
+    a = {"w": torch.tensor([1.0, 2.0])}
+    b = {"w": torch.tensor([1.0, 2.5])}
+    assert training.bit_equal(a, a) and not training.bit_equal(a, b)
+    assert training.max_weight_diff(a, b) == 0.5
+    assert training.slowest_rank_steps([[1, 4], [2, 3]]) == [2, 4]
+    assert training.samples_per_second([0.5, 1.0, 2.0], 10, 2) == 20.0
+    assert {"cores", "load average (1 min)"} <= set(training.machine_load())
+
+
+def test_swift_reads_the_five_launch_variables():
+    assert set(training.swift_launch_env()) == {
+        "NNODES",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NPROC_PER_NODE",
+    }
+
+
+def test_checkers_accept_the_right_answers_and_reject_wrong_ones(capsys):
+    assert check("04.1", (334, 2))
+    assert not check("04.1", (333, 1))
+    assert check("04.2", lambda s, a, g, n: s * g * (1 if n else a))
+    assert not check("04.2", lambda s, a, g, n: s * g * a)
+    assert check("04.3", lambda s, spe, a: (s // spe, (s % spe) * a))
+    assert not check("04.3", lambda s, spe, a: (s // spe, s % spe))
+    assert "not yet" in capsys.readouterr().out
