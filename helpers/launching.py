@@ -80,6 +80,23 @@ def save_result(data) -> Path | None:
     return path
 
 
+def finish() -> None:
+    """In a launched script, the last line: every rank leaves together, then the process ends.
+
+    All ranks meet at a barrier and close the process group; then the process exits at once,
+    skipping the interpreter's teardown, where a gloo background thread can still abort it
+    ("terminate called without an active exception") after all the work is done and saved.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 # --- process plumbing -----------------------------------------------------------------------------
 
 
