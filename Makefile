@@ -35,7 +35,7 @@ test: lint unit notebooks
 	else echo "git tree clean after the tests."; fi
 
 lab: setup
-	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser \
+	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \
 		--ServerApp.root_dir=$(CURDIR) --ServerApp.token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))")
 
 refresh: setup
