@@ -189,7 +189,7 @@ SCRIPT = textwrap.dedent(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from helpers import ddp
-    from helpers.launching import save_result
+    from helpers.launching import finish, save_result
 
     me = ddp.start("gloo")
     ring = []
@@ -221,7 +221,7 @@ SCRIPT = textwrap.dedent(
         prints[overlap] = ddp.fingerprint(net.module)
         assert (ddp.comm_during_backward(s) > 0) == overlap
     save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": ddp.everyone(me.rank)})
-    dist.destroy_process_group()
+    finish()
     """
 )
 

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     import torch.distributed as dist
-    from helpers.launching import save_result
+    from helpers.launching import finish, save_result
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -28,8 +28,7 @@ SCRIPT = textwrap.dedent(
         raise ValueError("rank one is unhappy")
     if mode == "hang":
         time.sleep(600)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
     """
 )
 
