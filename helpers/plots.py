@@ -321,6 +321,8 @@ def training_curves(
 ):
     """One panel per metric, side by side, one line per run. ``runs`` maps a label to an object with
     ``steps`` and the metric attributes (e.g. ``helpers.finetune.RunLog``), all as measured."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False)
     styles = ["-", "--", ":", "-."]
     for ax, (attr, name) in zip(axes[0], metrics, strict=True):
@@ -338,6 +340,7 @@ def training_curves(
                 label=label,
             )
         ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
         ax.set_title(f"{name} (measured, from logging.jsonl)", fontsize=10)
     axes[0][0].legend(frameon=False, fontsize=9)

@@ -1,0 +1,845 @@
+"""Fine-tuning with SWIFT (微调训练): the course's data, SWIFT's arguments, its logs as curves, adapter checks.
+
+Data (all written by this project, under ``data/``):
+
+- ``data/self-cognition/self_cognition.jsonl``: identity questions and answers in Chinese and English
+  (columns ``query``, ``response``, ``tag`` zh|en) with ``{{NAME}}`` / ``{{AUTHOR}}`` placeholders. The
+  folder is called exactly ``self-cognition``: SWIFT matches a local dataset folder to its registered
+  dataset of the same name, so ``--model_name`` / ``--model_author`` fill the placeholders (the zh value
+  for rows tagged zh, the en value for the others), as for the hub's ``swift/self-cognition``.
+- ``data/general_questions.jsonl``: everyday questions. The base model answers them itself
+  (:func:`general_answers`, cached under ``build/models/general-answers/``, keyed by model); mixing
+  those answers into training keeps the model's general behaviour (against forgetting, 灾难性遗忘).
+- ``data/heldout.jsonl``: questions that appear in no training data, for evaluation here and in
+  notebook 07: identity paraphrases (``kind`` identity, ``tag`` zh|en) and general questions with the
+  words a right answer contains (``kind`` general, ``expect``).
+
+The adapter notebook 07 should use is recorded in ``build/outputs/latest-self-cognition.json``, one
+record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never replaces the cpu adapter).
+:func:`save_latest` writes it atomically under a lock; ``load_latest(profile.name)`` reads one record:
+
+- ``checkpoint``: the LoRA checkpoint directory (adapter_config.json, adapter_model.safetensors)
+- ``model``, ``model_type``, ``template``: the base model as SWIFT was given it (``--model`` ...)
+- ``model_name``, ``model_author``: the [zh, en] pairs used for the placeholders
+- ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
+- ``profile``, ``scores`` (held-out identity / general scores measured in notebook 06), ``written``
+
+Importing this module sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is set (see the comment below).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from helpers import launching, models, paths
+from helpers.errors import CourseError
+from helpers.exercises import checker
+
+# Threads that wait for each other should sleep, not spin: this notebook runs a background Web-UI and
+# training processes next to the kernel, and on a small CPU spinning OpenMP threads then slow a 2-thread
+# torch by up to 10x (measured). Set before torch loads; launched processes inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+DATA_DIR = paths.ROOT / "data"
+SELF_COGNITION = DATA_DIR / "self-cognition"
+GENERAL_QUESTIONS = DATA_DIR / "general_questions.jsonl"
+HELDOUT = DATA_DIR / "heldout.jsonl"
+LATEST_FILE = "latest-self-cognition.json"
+PLACEHOLDERS = ("{{NAME}}", "{{AUTHOR}}")
+_GENERAL_FORMAT = 2  # bump when the way general answers are made changes: old caches are then not reused
+
+
+# --- reading and writing the data ------------------------------------------------------------------
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSON-lines file."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def write_jsonl(path, rows) -> Path:
+    """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def self_cognition_rows(folder=SELF_COGNITION) -> list[dict]:
+    """Every row of the self-cognition folder (all its .jsonl files, in name order)."""
+    files = sorted(Path(folder).glob("*.jsonl"))
+    if not files:
+        raise CourseError(f"{folder} holds no .jsonl file; the self-cognition data is missing.")
+    return [row for path in files for row in read_jsonl(path)]
+
+
+def general_questions(path=GENERAL_QUESTIONS) -> list[str]:
+    return [row["query"] for row in read_jsonl(path)]
+
+
+def heldout(path=HELDOUT, kind: str | None = None) -> list[dict]:
+    """The held-out rows, optionally only those of one ``kind`` (identity or general)."""
+    rows = read_jsonl(path)
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def pair(value, what: str = "value") -> tuple[str, str]:
+    """A (zh, en) pair from a string or a list of one or two strings, as SWIFT reads --model_name."""
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, (list, tuple))
+        or not 1 <= len(value) <= 2
+        or not all(isinstance(v, str) and v.strip() for v in value)
+    ):
+        raise CourseError(
+            f"{what} = {value!r} must be a name or a [中文, English] list of two non-empty names."
+        )
+    return (value[0], value[-1])
+
+
+def fill(row: dict, name, author) -> dict:
+    """A row with {{NAME}} / {{AUTHOR}} replaced as SWIFT does: the zh value for tag zh, else the en value."""
+    name, author = pair(name, "MODEL_NAME"), pair(author, "MODEL_AUTHOR")
+    index = 0 if row.get("tag") == "zh" else 1
+    out = dict(row)
+    for key in ("query", "response"):
+        out[key] = row[key].replace("{{NAME}}", name[index]).replace("{{AUTHOR}}", author[index])
+    return out
+
+
+def training_questions() -> set[str]:
+    """Every question that appears in the project's training data."""
+    return {row["query"] for row in self_cognition_rows()} | set(general_questions())
+
+
+def leaked_heldout() -> list[str]:
+    """Held-out questions that also appear in training data (should be none)."""
+    seen = training_questions()
+    return [row["query"] for row in heldout() if row["query"] in seen]
+
+
+# --- asking a model: SWIFT's inference engine, greedy, in batches --------------------------------------
+
+_SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*(?=\s|$)|[。！？][\"”’」』）]*")
+
+
+def trim_to_sentence(text: str) -> str | None:
+    """``text`` up to its last complete sentence; None when it holds no complete sentence."""
+    text = text.strip()
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].strip() if ends else None
+
+
+@dataclass
+class Answer:
+    text: str
+    finished: bool  # True: the model ended its turn itself; False: cut at the token limit
+
+
+class Chat:
+    """SWIFT's ``TransformersEngine``: the base model, or the base model with one LoRA adapter.
+
+    ``Chat(info)`` answers with the base model, ``Chat(info, adapter=path)`` with the adapter in ``path``
+    loaded through SWIFT (as ``swift infer --adapters path`` would). ``close()`` frees the model.
+    """
+
+    def __init__(self, info: models.ModelInfo, device: str = "cpu", adapter=None, max_batch_size: int = 32):
+        import torch
+        from swift import TransformersEngine
+
+        adapters = None
+        if adapter is not None:
+            check_adapter(adapter)
+            adapters = [str(Path(adapter).resolve())]
+        self.info, self.adapter = info, adapter
+        self.engine = TransformersEngine(
+            info.path,
+            adapters=adapters,
+            model_type=info.model_type,
+            template_type=info.template,
+            torch_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
+            max_batch_size=max_batch_size,
+        )
+
+    def ask(self, questions, max_tokens: int = 48) -> list[Answer]:
+        """Greedy answers, one per question, each ended by the model or cut at ``max_tokens``."""
+        from swift import InferRequest, RequestConfig
+
+        if self.engine is None:
+            raise CourseError("this Chat was closed; create a new one.")
+        replies = self.engine.infer(
+            [InferRequest(messages=[{"role": "user", "content": q}]) for q in questions],
+            RequestConfig(max_tokens=max_tokens, temperature=0),
+            use_tqdm=False,
+        )
+        return [
+            Answer(r.choices[0].message.content.strip(), r.choices[0].finish_reason == "stop")
+            for r in replies
+        ]
+
+    def close(self) -> None:
+        """Free the model (a GPU needs the memory back before training)."""
+        import gc
+
+        import torch
+
+        self.engine = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> Chat:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- general data: the base model's own answers, made once and cached -------------------------------
+
+
+def model_key(info: models.ModelInfo) -> str:
+    """A short key naming one model build: its directory's files and sizes, and its config."""
+    digest = hashlib.sha256(info.name.encode())
+    folder = Path(info.path)
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if path.is_file():
+                digest.update(f"{path.name}:{path.stat().st_size}".encode())
+        if (folder / "config.json").is_file():
+            digest.update((folder / "config.json").read_bytes())
+    else:
+        digest.update(info.path.encode())
+    return digest.hexdigest()[:12]
+
+
+def _build_once(target: Path, build) -> bool:
+    """Make ``target`` with ``build(tmp)`` unless it is complete (it has stats.json, written last).
+
+    The build writes into a temporary sibling renamed into place at the end, under a lock, so an
+    interrupted build leaves nothing that looks finished. Returns True when it built.
+    """
+    if (target / "stats.json").is_file():
+        return False
+    with _locked(target):
+        if (target / "stats.json").is_file():
+            return False
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+@dataclass
+class GeneralData:
+    path: Path  # the JSON-lines file SWIFT trains on (query, response)
+    rows: list[dict]
+    asked: int  # questions put to the model
+    finished: int  # answers that ended at the end-of-turn token
+    trimmed: int  # answers cut at the token limit, trimmed back to the last whole sentence
+    dropped: int  # answers without one whole sentence: left out
+    cached: bool  # True: read from the cache, nothing generated
+
+
+def general_answers(chat: Chat, questions=None, max_tokens: int = 48) -> GeneralData:
+    """The base model's greedy answers to ``questions``, generated once per model and cached.
+
+    An answer is kept whole when the model ended its turn, trimmed to its last complete sentence when
+    it was cut at ``max_tokens``, and left out when it has no complete sentence: training on answers
+    that stop mid-sentence would teach the model to stop mid-sentence.
+    """
+    questions = list(questions if questions is not None else general_questions())
+    recipe = json.dumps([_GENERAL_FORMAT, questions, max_tokens, chat.info.template], ensure_ascii=False)
+    key = f"{model_key(chat.info)}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
+    target = paths.models_dir() / "general-answers" / key
+    made = []
+
+    def build(out: Path) -> None:
+        answers = chat.ask(questions, max_tokens=max_tokens)
+        rows, stats = [], {"finished": 0, "trimmed": 0, "dropped": 0}
+        for question, answer in zip(questions, answers, strict=True):
+            text = answer.text if answer.finished else trim_to_sentence(answer.text)
+            kind = "finished" if answer.finished else ("trimmed" if text else "dropped")
+            stats[kind] += 1
+            if text:
+                rows.append({"query": question, "response": text})
+        write_jsonl(out / "general.jsonl", rows)
+        (out / "stats.json").write_text(
+            json.dumps({"asked": len(questions), **stats, "model": chat.info.name})
+        )
+        made.append(True)
+
+    _build_once(target, build)
+    stats = json.loads((target / "stats.json").read_text())
+    return GeneralData(
+        path=target / "general.jsonl",
+        rows=read_jsonl(target / "general.jsonl"),
+        asked=stats["asked"],
+        finished=stats["finished"],
+        trimmed=stats["trimmed"],
+        dropped=stats["dropped"],
+        cached=not made,
+    )
+
+
+# --- SWIFT arguments: one plan, as CLI flags or as SftArguments keywords ----------------------------
+
+
+def _parse_flags(args: list[str]) -> dict:
+    """``["--model", "x", "--check_model", "false"]`` -> ``{"model": "x", "check_model": False}``."""
+    out, key = {}, None
+    for item in args:
+        if item.startswith("--"):
+            key = item[2:]
+            out[key] = []
+        elif key is not None:
+            out[key].append({"true": True, "false": False}.get(item, item))
+    return {k: (v[0] if len(v) == 1 else v) for k, v in out.items()}
+
+
+def _flag_value(value) -> list[str]:
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    if isinstance(value, dict):
+        return [json.dumps(value)]
+    return [str(value)]
+
+
+@dataclass(frozen=True)
+class SftPlan:
+    """One LoRA self-cognition training run: ``.cli()`` for ``swift sft``, ``.kwargs()`` for SftArguments."""
+
+    model: models.ModelInfo
+    datasets: tuple
+    output_dir: Path
+    model_name: tuple
+    model_author: tuple
+    steps: int
+    per_device_batch: int
+    grad_accum: int = 1
+    nproc: int = 1
+    learning_rate: float = 1e-3
+    lora_rank: int = 8
+    lora_alpha: int = 32
+    max_length: int = 256
+    device: str = "cpu"
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: per-device batch x processes x gradient accumulation."""
+        return self.per_device_batch * self.nproc * self.grad_accum
+
+    def but(self, **changes) -> SftPlan:
+        """A copy with some fields changed (``plan.but(nproc=2, per_device_batch=2)``)."""
+        return replace(self, **changes)
+
+    def options(self) -> dict:
+        """Every SWIFT option of this run, by name, with Python values."""
+        opts = _parse_flags(self.model.swift_args())  # --model, and the offline flags for a local directory
+        opts.update(
+            tuner_type="lora",
+            target_modules=["all-linear"],
+            lora_rank=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+            dataset=[str(d) for d in self.datasets],
+            model_name=list(self.model_name),
+            model_author=list(self.model_author),
+            max_steps=self.steps,
+            per_device_train_batch_size=self.per_device_batch,
+            gradient_accumulation_steps=self.grad_accum,
+            learning_rate=self.learning_rate,
+            max_length=self.max_length,
+            gradient_checkpointing=self.gradient_checkpointing,
+            output_dir=str(self.output_dir),
+            add_version=False,  # output_dir is already a fresh numbered folder
+            logging_steps=1,
+            save_only_model=True,
+            report_to=["none"],
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            seed=self.seed,
+        )
+        if self.device == "cpu":
+            # use_cpu: without it, transformers sets up no DDP on a machine without a GPU, and every
+            # rank trains alone on its share of the data, each believing it is rank 0
+            opts.update(torch_dtype="float32", fp16=False, bf16=False, use_cpu=True)
+        else:
+            opts.update(torch_dtype="bfloat16")
+        if self.nproc > 1:
+            opts["ddp_backend"] = "gloo" if self.device == "cpu" else "nccl"
+            opts["ddp_find_unused_parameters"] = False  # LoRA uses every trainable parameter
+            if self.gradient_checkpointing:
+                opts["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        opts.update(self.extra)
+        return opts
+
+    def env(self) -> dict:
+        """Environment variables the run needs: on GPUs, exactly ``nproc`` visible devices (with more,
+        a single SWIFT process would spread the model over all of them, device_map style)."""
+        if self.device == "cpu":
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(self.nproc))}
+
+    def cli(self) -> list[str]:
+        """The arguments after ``swift sft``."""
+        out = []
+        for key, value in self.options().items():
+            out += [f"--{key}", *_flag_value(value)]
+        return out
+
+    def kwargs(self) -> dict:
+        """Keywords for ``swift.SftArguments(**plan.kwargs())`` (the Python API)."""
+        return dict(self.options())
+
+
+def batch_split(global_batch: int, nproc: int, per_device_max: int = 4) -> tuple[int, int]:
+    """(per-device batch, gradient accumulation) that give ``global_batch`` over ``nproc`` processes."""
+    if global_batch % nproc:
+        raise CourseError(f"GLOBAL_BATCH = {global_batch} cannot be split evenly over {nproc} processes.")
+    per_process = global_batch // nproc
+    per_device = max(d for d in range(1, min(per_device_max, per_process) + 1) if per_process % d == 0)
+    return per_device, per_process // per_device
+
+
+# --- SWIFT's logs: logging.jsonl (and trainer_state.json) as curves -----------------------------------
+
+
+@dataclass
+class RunLog:
+    """What one ``swift sft`` run logged: a curve per metric and its end-of-training summary."""
+
+    output_dir: Path
+    steps: list[int]
+    loss: list[float]
+    token_acc: list[float]
+    learning_rate: list[float]
+    summary: dict  # train_runtime, train_samples_per_second, train_steps_per_second, train_loss
+    last_checkpoint: Path | None
+
+    @property
+    def final_loss(self) -> float:
+        return self.loss[-1]
+
+    @property
+    def final_token_acc(self) -> float:
+        return self.token_acc[-1]
+
+    def row(self, label: str, global_batch: int, nproc: int, wall: float | None = None) -> dict:
+        """One row of a comparison table."""
+        return {
+            "run": label,
+            "processes": nproc,
+            "global batch": global_batch,
+            "steps": self.steps[-1],
+            "samples/s": round(self.summary.get("train_samples_per_second", float("nan")), 3),
+            "train s": round(self.summary.get("train_runtime", float("nan")), 1),
+            "wall s": round(wall, 1) if wall is not None else "",
+            "final loss": round(self.final_loss, 4),
+            "final token acc": round(self.final_token_acc, 4),
+        }
+
+
+_STEP_LINE = re.compile(r"^\[rank(\d+)\]:.*'global_step/max_steps'")
+
+
+def logging_ranks(lines) -> list[int]:
+    """The ranks that printed training-step lines in a launch's output. Under DDP only rank 0 logs;
+    if every rank logs, each one believes it is rank 0: they are training alone, not together."""
+    return sorted({int(m.group(1)) for m in map(_STEP_LINE.match, lines) if m})
+
+
+def _step_of(entry: dict) -> int | None:
+    if "step" in entry:
+        return int(entry["step"])
+    progress = entry.get("global_step/max_steps")
+    return int(str(progress).split("/")[0]) if progress else None
+
+
+def read_log(output_dir) -> RunLog:
+    """Read ``logging.jsonl`` in a SWIFT output folder (``trainer_state.json`` of the checkpoint as a fallback)."""
+    output_dir = Path(output_dir)
+    entries, last = [], None
+    jsonl = output_dir / "logging.jsonl"
+    if jsonl.is_file():
+        for row in read_jsonl(jsonl):
+            if "log_history" in row:  # the closing message: checkpoint paths and the whole history
+                last = row.get("last_model_checkpoint") or last
+                continue
+            entries.append(row)
+    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    if not entries and checkpoints and (checkpoints[-1] / "trainer_state.json").is_file():
+        entries = json.loads((checkpoints[-1] / "trainer_state.json").read_text())["log_history"]
+    if not entries:
+        raise CourseError(f"{output_dir} has no SWIFT training log (logging.jsonl); did the run finish?")
+    curve = {}  # step -> entry, later entries win
+    summary = {}
+    for entry in entries:
+        if "train_runtime" in entry:
+            summary = {k: float(v) for k, v in entry.items() if k.startswith("train_")}
+        elif "loss" in entry and _step_of(entry) is not None:
+            curve[_step_of(entry)] = entry
+    steps = sorted(curve)
+    last = Path(last) if last else (checkpoints[-1] if checkpoints else None)
+    return RunLog(
+        output_dir=output_dir,
+        steps=steps,
+        loss=[float(curve[s]["loss"]) for s in steps],
+        token_acc=[float(curve[s].get("token_acc", float("nan"))) for s in steps],
+        learning_rate=[float(curve[s].get("learning_rate", float("nan"))) for s in steps],
+        summary=summary,
+        last_checkpoint=last,
+    )
+
+
+# --- adapters: exist, load, untouched -----------------------------------------------------------------
+
+
+def check_adapter(checkpoint) -> dict:
+    """Stop unless ``checkpoint`` is a complete LoRA adapter; returns its config."""
+    checkpoint = Path(checkpoint)
+    config_file = checkpoint / "adapter_config.json"
+    weights = checkpoint / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        raise CourseError(
+            f"{checkpoint} is not a complete LoRA adapter (adapter_config.json + adapter_model.safetensors)."
+        )
+    config = json.loads(config_file.read_text())
+    if config.get("peft_type") != "LORA":
+        raise CourseError(f"{checkpoint} holds a {config.get('peft_type')} adapter, not LoRA.")
+    return config
+
+
+def adapter_tensors(checkpoint) -> int:
+    """How many tensors the adapter file holds (read with safetensors, without loading a model)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(checkpoint) / "adapter_model.safetensors"), "pt") as handle:
+        return len(list(handle.keys()))
+
+
+def fingerprint(folder) -> str:
+    """A hash of every file's name and content in ``folder``: equal fingerprints, untouched folder."""
+    digest = hashlib.sha256()
+    folder = Path(folder)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def latest_path() -> Path:
+    return paths.outputs_dir() / LATEST_FILE
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, **extra) -> Path:
+    """Record the adapter notebook 07 should use under ``profile``, atomically (keys: module docstring)."""
+    check_adapter(checkpoint)
+    record = {
+        "checkpoint": str(Path(checkpoint).resolve()),
+        "model": info.path,
+        "model_type": info.model_type,
+        "template": info.template,
+        "model_name": list(pair(name, "MODEL_NAME")),
+        "model_author": list(pair(author, "MODEL_AUTHOR")),
+        "fingerprint": fingerprint(checkpoint),
+        "profile": profile,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **extra,
+    }
+    path = latest_path()
+    with _locked(path):
+        records = json.loads(path.read_text()) if path.is_file() else {}
+        records[profile] = record
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(records, indent=1, ensure_ascii=False))
+        os.replace(tmp, path)
+    return path
+
+
+def load_latest(profile: str) -> dict | None:
+    """The record :func:`save_latest` wrote for ``profile``, or None when there is none yet."""
+    path = latest_path()
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get(profile)
+
+
+def untouched(record: dict | None) -> bool:
+    """True unless the adapter ``record`` describes still exists and has changed since it was recorded."""
+    if record is None or not Path(record["checkpoint"]).is_dir():
+        return True
+    return fingerprint(record["checkpoint"]) == record["fingerprint"]
+
+
+def swift_log_level(level: str = "WARNING") -> None:
+    """In this process, show SWIFT's log lines from ``level`` up (the CLI reads ``LOG_LEVEL`` instead)."""
+    import logging
+
+    logging.getLogger("swift").setLevel(getattr(logging, level))
+
+
+def short(text, limit: int = 90) -> str:
+    """One line, at most ``limit`` characters (for tables)."""
+    text = " ".join(_text(text).replace("\ufffd", "").split())  # no half characters cut at a token limit
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- scoring answers on the held-out questions ---------------------------------------------------------
+
+
+def names_in(text: str, names) -> bool:
+    """True when ``text`` contains any of ``names`` (case-insensitive)."""
+    folded = text.casefold()
+    return any(n.casefold() in folded for n in names)
+
+
+def contains_expected(text: str, expected) -> bool:
+    """True when ``text`` holds one of the expected words (whole words for Latin letters and digits)."""
+    for word in expected:
+        if re.fullmatch(r"[\w ]+", word, re.ASCII):
+            if re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text, re.IGNORECASE | re.ASCII):
+                return True
+        elif word in text:
+            return True
+    return False
+
+
+def identity_scores(rows, answers, name) -> dict:
+    """Fraction of identity questions whose answer names the model, per language (zh, en) and overall."""
+    names = pair(name, "MODEL_NAME")
+    hits = {"zh": [], "en": []}
+    for row, answer in zip(rows, answers, strict=True):
+        hits[row["tag"]].append(names_in(_text(answer), names))
+    out = {tag: sum(v) / len(v) for tag, v in hits.items() if v}
+    out["all"] = sum(sum(v) for v in hits.values()) / max(1, sum(len(v) for v in hits.values()))
+    return out
+
+
+def general_scores(rows, base_answers, answers, name) -> dict:
+    """Of the general questions the base model answered right, how many the tuned model still answers
+    right without bringing up its new name ("kept")."""
+    names = pair(name, "MODEL_NAME")
+    right = [
+        i
+        for i, (row, base) in enumerate(zip(rows, base_answers, strict=True))
+        if contains_expected(_text(base), row["expect"])
+    ]
+    kept = [
+        i
+        for i in right
+        if contains_expected(_text(answers[i]), rows[i]["expect"]) and not names_in(_text(answers[i]), names)
+    ]
+    mentions = sum(names_in(_text(a), names) for a in answers)
+    return {
+        "base_right": len(right),
+        "kept": len(kept),
+        "kept_fraction": len(kept) / len(right) if right else float("nan"),
+        "name_in_general_answers": mentions,
+    }
+
+
+def _text(answer) -> str:
+    return answer.text if isinstance(answer, Answer) else str(answer)
+
+
+# --- the Web-UI: started in the background, checked, stopped -------------------------------------------
+
+
+def http_status(url: str, timeout: float = 3.0) -> int | None:
+    """The HTTP status ``url`` answers with, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (localhost only)
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class WebUI:
+    """``swift web-ui`` on localhost in the background: ``start()``, ``wait()`` for HTTP 200, ``stop()``."""
+
+    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1"):
+        self.host, self.port, self.lang = host, port or launching.free_port(), lang
+        self.launch = None
+        self.pids: set[int] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    def start(self) -> WebUI:
+        argv = [
+            "swift",
+            "web-ui",
+            "--lang",
+            self.lang,
+            "--server_name",
+            self.host,
+            "--server_port",
+            self.port,
+        ]
+        # no usage statistics sent; BROWSER=true: gradio's "open a browser tab" does nothing
+        env = {"GRADIO_ANALYTICS_ENABLED": "False", "BROWSER": "true"}
+        self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
+        self.launch.start()
+        atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails
+        return self
+
+    def _remember_processes(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.launch.proc.pid)
+            self.pids |= {root.pid} | {p.pid for p in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, timeout: float = 120) -> tuple[int, float]:
+        """Poll until the page answers HTTP 200; returns (status, seconds). Stops everything on failure."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            self._remember_processes()
+            self.launch.drain(False, "")
+            if self.launch.proc.poll() is not None:
+                tail = "\n    ".join(self.launch.lines[-12:])
+                self.stop()
+                raise launching.LaunchError(
+                    f"swift web-ui exited with code {self.launch.proc.returncode}:\n    {tail}"
+                )
+            status = http_status(self.url)
+            if status == 200:
+                return status, time.monotonic() - start
+            time.sleep(1)
+        self.stop()
+        raise launching.LaunchTimeout(
+            f"swift web-ui did not answer {self.url} within {timeout:g} s; it was stopped."
+        )
+
+    def stop(self) -> int:
+        """Stop the Web-UI and everything it started; returns how many of its processes are still alive (0)."""
+        import psutil
+
+        if self.launch is None or self.launch.proc is None:
+            return 0
+        self._remember_processes()
+        launching.kill_tree(self.launch.proc.pid)
+        self.launch.proc.wait(timeout=30)
+        alive = []
+        for pid in self.pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return len(alive)
+
+    def __enter__(self) -> WebUI:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- exercises ------------------------------------------------------------------------------------------
+
+
+@checker("06.1")
+def _check_grad_accum(fn):
+    """fn(global_batch, nproc, per_device) -> gradient accumulation steps that keep the global batch."""
+    cases = [(16, 1, 1), (16, 2, 1), (16, 4, 2), (4, 2, 2), (4, 1, 4), (32, 8, 1), (64, 4, 4), (8, 2, 4)]
+    for global_batch, nproc, per_device in cases:
+        got = fn(global_batch, nproc, per_device)
+        want = global_batch // (nproc * per_device)
+        if got != want:
+            return False, (
+                f"for a global batch of {global_batch} on {nproc} process(es) with {per_device} sample(s) "
+                f"each, you gave {got!r}; {want} accumulation steps are needed ({per_device} x {nproc} x {want} = {global_batch})."
+            )
+    return True, "the global batch stays the same whatever the number of processes."
+
+
+@checker("06.2")
+def _check_fill(fn):
+    """fn(row, name, author) -> the row with SWIFT's placeholders filled."""
+    rows = self_cognition_rows()
+    for name, author in [(("小课", "XiaoKe"), ("DDP课程", "the DDP Course")), (("甲", "A"), ("乙", "B"))]:
+        for row in rows:
+            want = fill(row, name, author)
+            got = fn(dict(row), list(name), list(author))
+            if {k: got.get(k) for k in ("query", "response")} != {k: want[k] for k in ("query", "response")}:
+                return False, (
+                    f"row {row['query']!r} (tag {row['tag']}) should become {want['response']!r}, "
+                    f"not {got.get('response')!r}; SWIFT uses the zh value for tag zh and the en value otherwise."
+                )
+    return True, f"all {len(rows)} rows filled as SWIFT fills them."
+
+
+@checker("06.3")
+def _check_last_logged(fn):
+    """fn(path_to_logging_jsonl) -> (last step, its loss)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "logging.jsonl"
+        lines = [
+            {"loss": 2.5, "token_acc": 0.5, "global_step/max_steps": "1/3"},
+            {"loss": 1.25, "token_acc": 0.7, "global_step/max_steps": "2/3"},
+            {"loss": 0.75, "token_acc": 0.9, "global_step/max_steps": "3/3"},
+            {
+                "train_runtime": 12.0,
+                "train_samples_per_second": 1.0,
+                "train_loss": 1.5,
+                "global_step/max_steps": "3/3",
+            },
+            {"last_model_checkpoint": "/x/checkpoint-3", "global_step": 3, "log_history": []},
+        ]
+        write_jsonl(path, lines)
+        got = fn(str(path))
+    if tuple(got) != (3, 0.75):
+        return False, (
+            f"got {got!r}; the last step that logged a loss is 3 with loss 0.75. The summary line "
+            "(train_runtime) and the closing line (log_history) are not steps."
+        )
+    return True, "that is how the curves in this notebook are read."

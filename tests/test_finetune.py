@@ -1,0 +1,398 @@
+"""The fine-tuning lesson's helpers: its data, SWIFT arguments, SWIFT's logs, adapters, scores, checkers."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import finetune, models
+from helpers.errors import CourseError
+from helpers.exercises import check
+
+NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
+
+
+# --- the data ------------------------------------------------------------------------------------
+
+
+def test_self_cognition_data_is_large_bilingual_and_uses_the_placeholders():
+    rows = finetune.self_cognition_rows()
+    assert len(rows) >= 60
+    assert {r["tag"] for r in rows} == {"zh", "en"}
+    assert min(sum(r["tag"] == t for r in rows) for t in ("zh", "en")) >= 30
+    for row in rows:
+        assert set(row) == {"query", "response", "tag"}
+        assert row["query"].strip() and "{{NAME}}" in row["response"], row
+    assert len({r["query"] for r in rows}) == len(rows), "no duplicate questions"
+    zh = [r for r in rows if r["tag"] == "zh"]
+    assert all(any("\u4e00" <= ch <= "\u9fff" for ch in r["query"]) for r in zh)
+
+
+def test_the_folder_is_matched_to_swifts_self_cognition_dataset():
+    from swift.dataset.dataset_syntax import DatasetSyntax
+
+    assert finetune.SELF_COGNITION.name == "self-cognition"
+    meta = DatasetSyntax.parse(str(finetune.SELF_COGNITION)).get_dataset_meta(False)
+    assert meta.dataset_name == "self-cognition"
+    assert meta.ms_dataset_id == "swift/self-cognition"
+
+
+def test_heldout_questions_are_in_no_training_data():
+    held = finetune.heldout()
+    identity = finetune.heldout(kind="identity")
+    general = finetune.heldout(kind="general")
+    assert len(identity) + len(general) == len(held)
+    assert {r["tag"] for r in identity} == {"zh", "en"} and len(identity) >= 16
+    assert len(general) >= 8 and all(r["expect"] for r in general)
+    assert any(r["query"] == "What is the capital of France?" for r in general)
+    assert finetune.leaked_heldout() == []
+    assert len(finetune.general_questions()) >= 24
+
+
+def test_fill_follows_swifts_rule_zh_value_for_zh_rows():
+    zh = {"query": "你是谁？", "response": "我是{{NAME}}，由{{AUTHOR}}训练。", "tag": "zh"}
+    en = {"query": "Who made {{NAME}}?", "response": "{{AUTHOR}} made {{NAME}}.", "tag": "en"}
+    assert finetune.fill(zh, NAME, AUTHOR)["response"] == "我是小课，由并行训练营训练。"
+    assert finetune.fill(en, NAME, AUTHOR) == {
+        "query": "Who made XiaoKe?",
+        "response": "Parallel Training Camp made XiaoKe.",
+        "tag": "en",
+    }
+    assert finetune.fill(en, "Solo", "Me")["response"] == "Me made Solo."  # one name serves both
+    assert "{{" in zh["response"], "the row itself is not changed"
+
+
+@pytest.mark.parametrize("bad", ["", [], ["a", "b", "c"], ["a", ""], 3, None])
+def test_pair_rejects_what_swift_cannot_use(bad):
+    with pytest.raises(CourseError, match="MODEL_NAME"):
+        finetune.pair(bad, "MODEL_NAME")
+
+
+def test_trim_to_sentence():
+    assert finetune.trim_to_sentence("It is 100.0 degrees. Then it boils and") == "It is 100.0 degrees."
+    assert finetune.trim_to_sentence('Called "mossy grass." However the') == 'Called "mossy grass."'
+    assert finetune.trim_to_sentence("我是小课。我来自") == "我是小课。"
+    assert finetune.trim_to_sentence("Really? Yes! And then") == "Really? Yes!"
+    assert finetune.trim_to_sentence("no sentence end here") is None
+    assert finetune.trim_to_sentence("version 2.5 is out") is None
+
+
+# --- general data: made once per model, cached ------------------------------------------------------
+
+
+class FakeChat:
+    def __init__(self, name="fake", path="/nowhere/fake"):
+        self.info = models.ModelInfo(name=name, path=path, source="test", template="chatml")
+        self.calls = 0
+
+    def ask(self, questions, max_tokens=48):
+        self.calls += 1
+        replies = [
+            finetune.Answer("A whole answer.", True),
+            finetune.Answer("First sentence. Cut in the mid", False),
+            finetune.Answer("no sentence at all", False),
+        ]
+        return [replies[i % 3] for i in range(len(questions))]
+
+
+def test_general_answers_are_trimmed_cached_and_keyed_by_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path))
+    chat = FakeChat()
+    questions = ["q1?", "q2?", "q3?", "q4?"]
+    first = finetune.general_answers(chat, questions)
+    assert not first.cached and chat.calls == 1
+    assert (first.asked, first.finished, first.trimmed, first.dropped) == (4, 2, 1, 1)
+    assert [r["response"] for r in first.rows] == ["A whole answer.", "First sentence.", "A whole answer."]
+    assert finetune.read_jsonl(first.path) == first.rows
+    again = finetune.general_answers(chat, questions)
+    assert again.cached and chat.calls == 1 and again.path == first.path
+    other = finetune.general_answers(FakeChat(name="other", path="/nowhere/other"), questions)
+    assert not other.cached and other.path != first.path
+    longer = finetune.general_answers(chat, questions, max_tokens=96)
+    assert not longer.cached and longer.path != first.path
+    assert str(first.path).startswith(str(tmp_path / "general-answers"))
+
+
+# --- SWIFT arguments ------------------------------------------------------------------------------
+
+
+def plan(tmp_path, **changes):
+    info = models.ModelInfo("m", str(tmp_path), "test", model_type="llama", template="chatml")
+    base = finetune.SftPlan(
+        model=info,
+        datasets=(finetune.SELF_COGNITION, tmp_path / "general.jsonl"),
+        output_dir=tmp_path / "out" / "v1",
+        model_name=NAME,
+        model_author=AUTHOR,
+        steps=40,
+        per_device_batch=4,
+    )
+    return base.but(**changes)
+
+
+def values_after(cli, flag):
+    i = cli.index(flag) + 1
+    out = []
+    while i < len(cli) and not cli[i].startswith("--"):
+        out.append(cli[i])
+        i += 1
+    return out
+
+
+def test_plan_cli_has_the_lesson_flags_and_the_offline_ones(tmp_path):
+    cli = plan(tmp_path).cli()
+    assert values_after(cli, "--tuner_type") == ["lora"]
+    assert values_after(cli, "--target_modules") == ["all-linear"]
+    assert values_after(cli, "--model_name") == list(NAME)
+    assert values_after(cli, "--model_author") == list(AUTHOR)
+    assert values_after(cli, "--model") == [str(tmp_path)]
+    assert values_after(cli, "--check_model") == ["false"]
+    assert values_after(cli, "--model_type") == ["llama"] and values_after(cli, "--template") == ["chatml"]
+    assert values_after(cli, "--torch_dtype") == ["float32"]
+    assert values_after(cli, "--use_cpu") == ["true"]
+    assert values_after(cli, "--gradient_checkpointing") == ["false"]
+    assert values_after(cli, "--dataset") == [str(finetune.SELF_COGNITION), str(tmp_path / "general.jsonl")]
+    assert values_after(cli, "--output_dir") == [str(tmp_path / "out" / "v1")]
+    assert values_after(cli, "--add_version") == ["false"]
+    assert "--ddp_backend" not in cli
+
+
+def test_plan_ddp_keeps_the_global_batch_and_adds_ddp_flags(tmp_path):
+    single = plan(tmp_path)
+    ddp = single.but(nproc=2, per_device_batch=2)
+    assert single.global_batch == ddp.global_batch == 4
+    cli = ddp.cli()
+    assert values_after(cli, "--ddp_backend") == ["gloo"]
+    assert values_after(cli, "--ddp_find_unused_parameters") == ["false"]
+    gpu = ddp.but(device="cuda", gradient_checkpointing=True).cli()
+    assert values_after(gpu, "--ddp_backend") == ["nccl"]
+    assert values_after(gpu, "--torch_dtype") == ["bfloat16"] and "--use_cpu" not in gpu
+    assert json.loads(values_after(gpu, "--gradient_checkpointing_kwargs")[0]) == {"use_reentrant": False}
+
+
+def test_plan_kwargs_are_typed_and_name_real_sft_arguments(tmp_path):
+    from swift import SftArguments
+
+    kwargs = plan(tmp_path).but(nproc=2, per_device_batch=2).kwargs()
+    assert kwargs["check_model"] is False and kwargs["use_cpu"] is True and kwargs["add_version"] is False
+    assert kwargs["model_name"] == list(NAME) and kwargs["target_modules"] == ["all-linear"]
+    assert kwargs["max_steps"] == 40 and isinstance(kwargs["learning_rate"], float)
+    fields = {f.name for f in dataclasses.fields(SftArguments)}
+    assert set(kwargs) <= fields, set(kwargs) - fields
+
+
+@pytest.mark.parametrize(
+    "global_batch, nproc, per_device_max, expected",
+    [
+        (4, 1, 4, (4, 1)),
+        (4, 2, 4, (2, 1)),
+        (16, 2, 1, (1, 8)),
+        (16, 1, 4, (4, 4)),
+        (6, 2, 4, (3, 1)),
+        (2, 2, 4, (1, 1)),
+    ],
+)
+def test_batch_split(global_batch, nproc, per_device_max, expected):
+    per_device, accum = finetune.batch_split(global_batch, nproc, per_device_max)
+    assert (per_device, accum) == expected
+    assert per_device * nproc * accum == global_batch
+
+
+def test_batch_split_refuses_an_uneven_split():
+    with pytest.raises(CourseError, match="GLOBAL_BATCH = 5"):
+        finetune.batch_split(5, 2)
+
+
+# --- SWIFT's logs ---------------------------------------------------------------------------------
+
+
+def swift_like_log(folder, steps=3):
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        {
+            "loss": 2.0 / s,
+            "grad_norm": 1.0,
+            "learning_rate": 1e-3,
+            "token_acc": 0.3 * s,
+            "epoch": s / 10,
+            "global_step/max_steps": f"{s}/{steps}",
+            "elapsed_time": f"{s}s",
+        }
+        for s in range(1, steps + 1)
+    ]
+    lines.append(
+        {
+            "train_runtime": 12.5,
+            "train_samples_per_second": 0.96,
+            "train_steps_per_second": 0.24,
+            "total_flos": 1.0,
+            "train_loss": 1.2,
+            "global_step/max_steps": f"{steps}/{steps}",
+        }
+    )
+    lines.append(
+        {
+            "last_model_checkpoint": str(folder / f"checkpoint-{steps}"),
+            "global_step": steps,
+            "log_history": [{"loss": 9.0, "step": 1}],
+        }
+    )
+    finetune.write_jsonl(folder / "logging.jsonl", lines)
+
+
+def test_read_log_turns_logging_jsonl_into_curves(tmp_path):
+    swift_like_log(tmp_path / "run")
+    log = finetune.read_log(tmp_path / "run")
+    assert log.steps == [1, 2, 3]
+    assert log.loss == pytest.approx([2.0, 1.0, 2 / 3])
+    assert log.final_token_acc == pytest.approx(0.9)
+    assert log.summary["train_samples_per_second"] == pytest.approx(0.96)
+    assert log.last_checkpoint == tmp_path / "run" / "checkpoint-3"
+    row = log.row("one", 4, 1, 20.0)
+    assert (
+        row["steps"] == 3
+        and row["global batch"] == 4
+        and row["final loss"] == pytest.approx(0.6667, abs=1e-4)
+    )
+
+
+def test_read_log_falls_back_to_trainer_state(tmp_path):
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    history = [
+        {"loss": 1.5, "token_acc": 0.5, "step": 1},
+        {"loss": 0.5, "token_acc": 0.8, "step": 2},
+        {"train_runtime": 3.0, "train_samples_per_second": 2.0, "step": 2},
+    ]
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    log = finetune.read_log(tmp_path / "run")
+    assert log.steps == [1, 2] and log.final_loss == 0.5 and log.last_checkpoint == checkpoint
+    assert log.summary["train_runtime"] == 3.0
+
+
+def test_read_log_without_a_log_says_so(tmp_path):
+    with pytest.raises(CourseError, match="no SWIFT training log"):
+        finetune.read_log(tmp_path)
+
+
+def test_logging_ranks_tells_real_ddp_from_lone_ranks():
+    real = ["[rank0]:{'loss': 1.0, 'global_step/max_steps': '1/2'}", "[rank1]:some warning", "plain line"]
+    lone = real + ["[rank1]:{'loss': 1.1, 'global_step/max_steps': '1/2'}"]
+    assert finetune.logging_ranks(real) == [0]
+    assert finetune.logging_ranks(lone) == [0, 1]
+
+
+# --- adapters --------------------------------------------------------------------------------------
+
+
+def fake_adapter(folder):
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]})
+    )
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def test_check_adapter(tmp_path):
+    assert finetune.check_adapter(fake_adapter(tmp_path / "ok"))["r"] == 8
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CourseError, match="not a complete LoRA adapter"):
+        finetune.check_adapter(tmp_path / "empty")
+
+
+def test_fingerprint_sees_any_change(tmp_path):
+    folder = fake_adapter(tmp_path / "a")
+    before = finetune.fingerprint(folder)
+    assert finetune.fingerprint(folder) == before
+    (folder / "adapter_model.safetensors").write_bytes(b"weightz")
+    assert finetune.fingerprint(folder) != before
+
+
+def test_latest_record_is_kept_per_profile_and_detects_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path / "outputs"))
+    info = models.ModelInfo("m", "/models/m", "test", model_type="llama", template="chatml")
+    assert finetune.load_latest("cpu") is None
+    cpu = fake_adapter(tmp_path / "cpu" / "checkpoint-4")
+    smoke = fake_adapter(tmp_path / "smoke" / "checkpoint-1")
+    path = finetune.save_latest("cpu", cpu, info, NAME, AUTHOR, scores={"identity": 1.0})
+    finetune.save_latest("smoke", smoke, info, NAME, AUTHOR)
+    assert path == tmp_path / "outputs" / "latest-self-cognition.json"
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".") and "tmp" in p.name] == []
+    record = finetune.load_latest("cpu")
+    assert record["checkpoint"] == str(cpu) and record["model"] == "/models/m"
+    assert record["model_name"] == list(NAME) and record["model_author"] == list(AUTHOR)
+    assert record["scores"] == {"identity": 1.0} and record["profile"] == "cpu"
+    assert finetune.load_latest("smoke")["checkpoint"] == str(smoke)
+    assert finetune.untouched(record) and finetune.untouched(None)
+    (cpu / "adapter_model.safetensors").write_bytes(b"overwritten")
+    assert not finetune.untouched(record)
+
+
+# --- scores -----------------------------------------------------------------------------------------
+
+
+def test_contains_expected_matches_whole_words_only():
+    assert finetune.contains_expected("The capital is Paris.", ["Paris"])
+    assert finetune.contains_expected("there are 12 months", ["twelve", "12"])
+    assert not finetune.contains_expected("1234567890", ["12"])
+    assert not finetune.contains_expected("Auburn", ["Au"])
+    assert finetune.contains_expected("首都是北京。", ["北京"])
+
+
+def test_identity_and_general_scores():
+    identity = [{"tag": "zh"}, {"tag": "zh"}, {"tag": "en"}, {"tag": "en"}]
+    answers = ["我是小课。", "我是助手。", "I am xiaoke.", "I am XiaoKe!"]
+    scores = finetune.identity_scores(identity, answers, NAME)
+    assert scores == {"zh": 0.5, "en": 1.0, "all": 0.75}
+    general = [{"expect": ["Paris"]}, {"expect": ["eight"]}, {"expect": ["Au"]}]
+    base = ["Paris.", "It has eight legs.", "Gold is gold."]
+    tuned = ["Paris, says XiaoKe.", "Eight legs.", "Au"]
+    result = finetune.general_scores(general, base, tuned, NAME)
+    assert result["base_right"] == 2 and result["kept"] == 1  # naming itself does not count as kept
+    assert result["kept_fraction"] == 0.5 and result["name_in_general_answers"] == 1
+
+
+# --- exercises ---------------------------------------------------------------------------------------
+
+
+def test_exercise_06_1():
+    assert check("06.1", lambda g, n, p: g // (n * p))
+    assert not check("06.1", lambda g, n, p: g // n)
+
+
+def test_exercise_06_2():
+    assert check("06.2", finetune.fill)
+    assert not check("06.2", lambda row, name, author: finetune.fill(row, name[::-1], author[::-1]))
+
+
+def test_exercise_06_3():
+    def last_logged(path):
+        lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
+        steps = [x for x in lines if "loss" in x and "train_runtime" not in x and "log_history" not in x]
+        return int(steps[-1]["global_step/max_steps"].split("/")[0]), steps[-1]["loss"]
+
+    assert check("06.3", last_logged)
+    assert not check("06.3", lambda path: (3, 1.5))  # the summary's train_loss is not a step
+
+
+def test_an_interrupted_general_build_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path))
+
+    class Broken(FakeChat):
+        def ask(self, questions, max_tokens=48):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune.general_answers(Broken(), ["q?"])
+    assert [p.name for p in (tmp_path / "general-answers").iterdir() if not p.name.endswith(".lock")] == []
+    assert not finetune.general_answers(FakeChat(), ["q?"]).cached
+
+
+def test_plan_env_pins_the_gpus_a_run_may_see(tmp_path):
+    assert plan(tmp_path).env() == {}
+    assert plan(tmp_path).but(device="cuda").env() == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert plan(tmp_path).but(device="cuda", nproc=4, per_device_batch=1).env() == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3"
+    }
