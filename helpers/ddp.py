@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from helpers import report
 from helpers.exercises import checker
 
 MiB = 2**20  # DDP's bucket_cap_mb counts in these units
@@ -716,16 +717,7 @@ def plot_buckets(found: dict, sizes: dict):
 def show(fn) -> str:
     """Display a function's source code as a Markdown code block (so a lesson can read what it runs)."""
     source = inspect.getsource(fn)
-    text = f"```python\n{source.rstrip()}\n```"
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
-        display(Markdown(text))
-    else:
-        print(source)
+    report.markdown(f"```python\n{source.rstrip()}\n```", plain=source)
     return source
 
 

@@ -75,6 +75,12 @@ def table(rows: list[dict], columns: list[str] | None = None):
         ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         + ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     )
+    markdown(text)
+    return text
+
+
+def markdown(text: str, plain: str | None = None) -> None:
+    """Render ``text`` as Markdown in Jupyter; print ``plain`` (default: the text) elsewhere."""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
@@ -83,5 +89,4 @@ def table(rows: list[dict], columns: list[str] | None = None):
     if get_ipython is not None and get_ipython() is not None:
         display(Markdown(text))
     else:
-        print(text)
-    return text
+        print(text if plain is None else plain)

@@ -1,0 +1,42 @@
+"""Metrics, tables and exercise verdicts: what a notebook shows and what the run report collects."""
+
+import numpy as np
+
+from helpers import exercises, report
+from helpers.exercises import checker
+
+
+def test_record_prints_outside_jupyter_and_collect_keeps_the_last_value(capsys):
+    report.record("loss", np.float32(0.25), "nats")
+    assert capsys.readouterr().out.strip() == "📏 loss = 0.25 nats"
+    first = {report.MIME: {"name": "loss", "value": 1.0, "unit": "", "note": ""}}
+    later = {report.MIME: {"name": "loss", "value": 0.5, "unit": "", "note": ""}}
+    other = {report.MIME: {"name": "steps", "value": 3, "unit": "", "note": ""}}
+    notebook = {"cells": [{"outputs": [{"data": first}, {"data": other}]}, {"outputs": [{"data": later}]}]}
+    assert [(m["name"], m["value"]) for m in report.collect(notebook)] == [("steps", 3), ("loss", 0.5)]
+
+
+def test_table_escapes_pipes_and_joins_lists(capsys):
+    text = report.table([{"a": "x|y", "b": [1, 2], "c": 0.123456}])
+    assert text.splitlines() == ["| a | b | c |", "|---|---|---|", "| x\\|y | 1, 2 | 0.1235 |"]
+    assert capsys.readouterr().out.strip() == text
+
+
+def test_markdown_prints_the_plain_form_outside_jupyter(capsys):
+    report.markdown("```python\nx = 1\n```", plain="x = 1")
+    assert capsys.readouterr().out.strip() == "x = 1"
+
+
+def test_exercise_verdicts(capsys):
+    @checker("test.1")
+    def _double(fn):
+        return fn(2) == 4, "twice two is four"
+
+    assert exercises.check("test.1", lambda x: 2 * x)
+    assert not exercises.check("test.1", lambda x: x + 1)
+    assert not exercises.check("test.1", None)
+    assert not exercises.check("test.1", "not a function")  # a wrong type is feedback, not a crash
+    out = capsys.readouterr().out
+    assert "✅ correct. twice two is four" in out and "not answered yet" in out
+    assert out.count("❌ not yet") == 2
+    assert exercises.close([1.0, 2.0], [1.0, 2.0 + 1e-12]) and not exercises.close(1.0, 1.1)
