@@ -143,3 +143,45 @@ def test_free_ports_are_free():
     port = launching.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+TEARDOWN = textwrap.dedent(
+    """
+    import os, sys
+    import torch.distributed as dist
+    from helpers.launching import TEARDOWN_ABORT
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == 0 and sys.argv[1] == "finished":
+        print("all work done", flush=True)
+    dist.barrier()
+    if rank == 1:  # what a gloo rank sometimes does after its work, while the interpreter shuts down
+        print(TEARDOWN_ABORT, file=sys.stderr, flush=True)
+        os.abort()
+    """
+)
+
+
+@pytest.mark.parametrize("printed", ["finished", "unfinished"])
+def test_an_abort_while_exiting_after_the_work_is_a_note_not_an_error(tmp_path, build, capsys, printed):
+    path = tmp_path / "teardown_job.py"
+    path.write_text(TEARDOWN)
+    launch = launching.prepare_torchrun(path, printed, nproc=2, timeout=60)
+    launch.finished = "all work done"  # what prepare_swift sets to SWIFT's last log line
+    if printed == "unfinished":  # the abort is an error unless the job proved it had finished
+        with pytest.raises(launching.LaunchError) as info:
+            launching.run(launch, show=False)
+        assert info.value.rank == 1 and info.value.exitcode == -signal.SIGABRT
+    else:
+        result = launching.run(launch, show=False)[0]
+        assert result.returncode != 0 and "rank 1 aborted while exiting" in result.note
+        assert "Note: rank 1 aborted while exiting" in capsys.readouterr().out
+    time.sleep(0.5)
+    assert processes_mentioning(str(path)) == []
+
+
+def test_swift_launches_name_the_line_that_proves_the_work_finished():
+    assert launching.prepare_swift("sft", "--help").finished == "End time of running main"
+    assert launching.prepare_torchrun("x.py").finished is None
