@@ -247,6 +247,35 @@ def device_name(d: int) -> str:
 # --- the hand-written DataParallel ---------------------------------------------------------------------
 
 
+def run_in_threads(k: int, work) -> None:
+    """Run ``work(d)`` for d = 0..k-1, one thread per device (inline when k = 1, as torch does).
+
+    Each thread starts in the caller's grad mode (grad mode is per thread); the first error raised
+    in a thread is raised again here, in the caller's thread.
+    """
+    if k == 1:
+        work(0)
+        return
+    grad_enabled = torch.is_grad_enabled()
+    errors: list[BaseException | None] = [None] * k
+
+    def run(d):
+        try:
+            with torch.set_grad_enabled(grad_enabled):
+                work(d)
+        except BaseException as exc:  # handed back to the calling thread below
+            errors[d] = exc
+
+    threads = [threading.Thread(target=run, args=(d,), name=f"worker-dev{d}") for d in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for exc in errors:
+        if exc is not None:
+            raise exc
+
+
 class ThreadedDataParallel:
     """A hand-written torch.nn.DataParallel for the CPU: K virtual devices, one thread each.
 
@@ -264,28 +293,7 @@ class ThreadedDataParallel:
         self.optimizer = make_optimizer(model, lr)  # its state (momentum) exists on the main device only
 
     def _in_threads(self, work) -> None:
-        """Run ``work(d)`` for every device, one thread per device (inline when K = 1, as torch does)."""
-        if self.k == 1:
-            work(0)
-            return
-        grad_enabled = torch.is_grad_enabled()
-        errors: list[BaseException | None] = [None] * self.k
-
-        def run(d):
-            try:
-                with torch.set_grad_enabled(grad_enabled):  # grad mode is per thread
-                    work(d)
-            except BaseException as exc:  # handed back to the main thread below
-                errors[d] = exc
-
-        threads = [threading.Thread(target=run, args=(d,), name=f"worker-dev{d}") for d in range(self.k)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for exc in errors:
-            if exc is not None:
-                raise exc
+        run_in_threads(self.k, work)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> Trace:
         """One training step on the global batch ``(x, y)``, following the seed's nine steps."""

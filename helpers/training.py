@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.dataparallel import run_in_threads
 from helpers.errors import CourseError
 from helpers.exercises import checker
 
@@ -439,29 +439,6 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _in_threads(k: int, work) -> None:
-    """Run ``work(d)`` for d = 0..k-1, one thread each (inline when k = 1); re-raise the first error."""
-    if k == 1:
-        work(0)
-        return
-    errors: list[BaseException | None] = [None] * k
-
-    def run(d):
-        try:
-            work(d)
-        except BaseException as exc:  # handed back to the caller below
-            errors[d] = exc
-
-    threads = [threading.Thread(target=run, args=(d,)) for d in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for exc in errors:
-        if exc is not None:
-            raise exc
-
-
 def _dp_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
     """One DataParallel-style step: replicate, scatter, threaded forward, gather, loss, threaded backward, reduce."""
     k = len(replicas)
@@ -475,7 +452,7 @@ def _dp_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
     def forward(d):
         outputs[d] = replicas[d](xs[d])
 
-    _in_threads(k, forward)
+    run_in_threads(k, forward)
     gathered = torch.cat([o.detach() for o in outputs]).requires_grad_()  # gather on the main replica
     loss = F.cross_entropy(gathered, y)
     (grad,) = torch.autograd.grad(loss, gathered)
@@ -484,7 +461,7 @@ def _dp_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
     def backward(d):
         outputs[d].backward(grads[d])
 
-    _in_threads(k, backward)
+    run_in_threads(k, backward)
     for replica in replicas[1:]:  # reduce every replica's gradients into the main one
         for mine, theirs in zip(main.parameters(), replica.parameters(), strict=True):
             mine.grad.add_(theirs.grad)
