@@ -68,16 +68,21 @@ def ranks_mentioning(lines, needle: str) -> list[int]:
 # --- a script in one process, with a timeout ---------------------------------------------------------
 
 
+def prepare_python(script, *args, timeout: float = 120, env: dict | None = None) -> launching.Launch:
+    """``python script args`` as a launch of its own (so its memory peak is its own), not started yet:
+    pass one or several to ``launching.run`` (several run side by side)."""
+    return launching.Launch(
+        [sys.executable, script, *args], env=env, label=Path(str(script)).name, timeout=timeout
+    )
+
+
 def python_script(script, *args, timeout: float = 120, env: dict | None = None, show: bool = True):
-    """Run ``python script args`` in its own process (so its memory peak is its own) and wait.
+    """Run ``python script args`` in its own process and wait.
 
     The same launcher as torchrun: the command is printed, output streamed, the process stopped on
     timeout (LaunchTimeout); what the script saves with ``save_result`` comes back in ``.results[0]``.
     """
-    launch = launching.Launch(
-        [sys.executable, script, *args], env=env, label=Path(str(script)).name, timeout=timeout
-    )
-    return launching.run(launch, show=show)[0]
+    return launching.run(prepare_python(script, *args, timeout=timeout, env=env), show=show)[0]
 
 
 # --- SWIFT: a tiny offline dataset and the training log ----------------------------------------------

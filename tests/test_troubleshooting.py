@@ -115,6 +115,18 @@ def test_python_script_returns_the_saved_result(build, tmp_path):
     assert "hi" in result.lines
 
 
+def test_prepared_scripts_run_side_by_side_each_with_its_own_result(build, tmp_path):
+    script = tmp_path / "echo_arg.py"
+    script.write_text(
+        "import sys, time\nfrom helpers.launching import save_result\n"
+        "start = time.time()\ntime.sleep(2)\nsave_result({'arg': sys.argv[1], 'span': [start, time.time()]})\n"
+    )
+    runs = launching.run(*[troubleshooting.prepare_python(script, a, timeout=60) for a in ("off", "on")], show=False)
+    off, on = (r.results[0] for r in runs)
+    assert (off["arg"], on["arg"]) == ("off", "on")
+    assert on["span"][0] < off["span"][1] and off["span"][0] < on["span"][1], "they ran one after the other"
+
+
 def test_python_script_is_stopped_at_its_timeout(build, tmp_path):
     script = tmp_path / "sleepy.py"
     script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
