@@ -17,6 +17,7 @@ One module per lesson concept, each explained in its notebook:
 - ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce
 - training      04: toy data and model, sampler shards, atomic checkpoints, counted all-reduces
 - finetune      06: the course's SWIFT data, arguments and logs
+- inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
 - sharding      08: device_map placement, DDP+device_map grouping, ZeRO / FSDP bytes and traffic
 - troubleshooting 09: the seed's four tips reproduced, and debugging a hang
 """

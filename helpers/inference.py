@@ -1,0 +1,359 @@
+"""Merging and inference (模型合并 / 模型推理): the recorded adapter, swift export / infer, logits, sizes, scores.
+
+Notebook 07 takes the adapter notebook 06 recorded (:func:`recorded_adapter`), merges it into the base
+model with ``swift export --merge_lora true`` (:func:`export_flags`), checks that the merged weights give
+the logits the base model plus the adapter gives (:func:`prompt_batch`, :func:`logits`, :func:`largest_gap`),
+asks questions with ``swift infer`` on a question file (:func:`write_questions`, :func:`infer_flags`,
+:func:`read_answers`) and with SWIFT's Python engine (``finetune.Chat``, :func:`stream`), and scores the
+answers on the held-out questions (:func:`scores`, :func:`score_rows`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import finetune, models
+from helpers.errors import CourseError
+from helpers.exercises import checker
+
+QUESTIONS_FILE = "questions.jsonl"
+ANSWERS_FILE = "answers.jsonl"
+
+
+def quiet_swift(level: str = "WARNING") -> None:
+    """Show SWIFT's in-process log lines from ``level`` up. SWIFT sets its logger's level when its modules
+    are first imported, so they are imported here first (the CLI reads ``LOG_LEVEL`` instead)."""
+    from swift import InferRequest, TransformersEngine  # noqa: F401
+
+    finetune.swift_log_level(level)
+
+
+# --- the adapter notebook 06 recorded ---------------------------------------------------------------
+
+
+def recorded_adapter(profile: str) -> dict:
+    """The record notebook 06 wrote for ``profile``, checked: the adapter exists, is LoRA, is unchanged."""
+    record = finetune.load_latest(profile)
+    if record is None:
+        raise CourseError(
+            f"no adapter is recorded for the {profile} profile in {finetune.latest_path()}; "
+            f"run notebook 06 first (make run PROFILE={profile} ONLY=06)."
+        )
+    checkpoint = Path(record["checkpoint"])
+    if not checkpoint.is_dir():
+        raise CourseError(
+            f"the adapter notebook 06 recorded, {checkpoint}, is gone; "
+            f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
+        )
+    finetune.check_adapter(checkpoint)
+    if not finetune.untouched(record):
+        raise CourseError(
+            f"the adapter in {checkpoint} changed after notebook 06 recorded it; "
+            f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
+        )
+    return record
+
+
+def base_model(record: dict) -> models.ModelInfo:
+    """The base model the adapter was trained on, as SWIFT was given it."""
+    return models.ModelInfo(
+        name=Path(record["model"]).name,
+        path=record["model"],
+        source="recorded by notebook 06",
+        model_type=record.get("model_type"),
+        template=record.get("template"),
+    )
+
+
+def merged_model(record: dict, folder) -> models.ModelInfo:
+    """The merged model in ``folder``: same type and template as the base model."""
+    return models.ModelInfo(
+        name=f"{Path(record['model']).name} + adapter, merged",
+        path=str(folder),
+        source=f"swift export --merge_lora of {record['checkpoint']}",
+        model_type=record.get("model_type"),
+        template=record.get("template"),
+    )
+
+
+def _model_flags(info: models.ModelInfo) -> list[str]:
+    """--model (and --model_type / --template where SWIFT cannot tell them from the folder).
+
+    ``--check_model`` is a training flag only: ``swift export`` and ``swift infer`` refuse it.
+    """
+    flags = ["--model", str(info.path)]
+    if info.model_type:
+        flags += ["--model_type", info.model_type]
+    if info.template:
+        flags += ["--template", info.template]
+    return flags
+
+
+def _dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
+    """The arguments after ``swift export`` that merge the recorded adapter into ``output_dir``."""
+    output_dir = Path(output_dir)
+    if output_dir.exists():
+        raise CourseError(f"{output_dir} already exists; merge into a new folder (paths.new_output_dir).")
+    return [
+        "--adapters",
+        str(record["checkpoint"]),
+        *_model_flags(base_model(record)),
+        "--merge_lora",
+        "true",
+        "--torch_dtype",
+        _dtype(device),
+        "--output_dir",
+        str(output_dir),
+    ]
+
+
+def infer_flags(
+    info: models.ModelInfo, questions, result, max_tokens: int, device: str = "cpu", batch: int = 64
+):
+    """The arguments after ``swift infer``: greedy answers to a question file, written to ``result``."""
+    return [
+        *_model_flags(info),
+        "--torch_dtype",
+        _dtype(device),
+        "--val_dataset",
+        str(questions),
+        "--result_path",
+        str(result),
+        "--max_new_tokens",
+        str(max_tokens),
+        "--temperature",
+        "0",
+        "--max_batch_size",
+        str(batch),
+        "--stream",
+        "false",
+    ]
+
+
+# --- files: question file in, answers out, sizes on disk -----------------------------------------------
+
+
+def write_questions(path, questions) -> Path:
+    """A question file for ``swift infer --val_dataset``: one ``{"query": ...}`` per line."""
+    return finetune.write_jsonl(path, [{"query": q} for q in questions])
+
+
+def read_answers(path, questions) -> list[str]:
+    """The answers in a ``swift infer`` result file, in the order of ``questions``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CourseError(f"{path} does not exist; did swift infer finish?")
+    by_question = {}
+    for row in finetune.read_jsonl(path):
+        users = [m["content"] for m in row.get("messages", []) if m.get("role") == "user"]
+        if users:
+            by_question[users[-1]] = row["response"].strip()
+    missing = [q for q in questions if q not in by_question]
+    if missing:
+        raise CourseError(f"{path} holds no answer to {len(missing)} question(s), the first: {missing[0]!r}.")
+    return [by_question[q] for q in questions]
+
+
+def folder_bytes(folder) -> int:
+    """Bytes of every file in ``folder`` and below (links not followed): what copying it takes."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CourseError(f"{folder} is not a folder.")
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def weight_bytes(folder) -> int:
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``) directly in ``folder``."""
+    return sum(
+        p.stat().st_size
+        for p in Path(folder).iterdir()
+        if p.is_file()
+        and not p.is_symlink()
+        and p.suffix in {".safetensors", ".bin"}
+        and p.name != "training_args.bin"
+    )
+
+
+# --- logits: base + adapter against the merged model -----------------------------------------------------
+
+
+def prompt_batch(template, questions) -> dict:
+    """The questions encoded by SWIFT's chat ``template`` (an engine's ``.template``), padded on the right,
+    with an attention mask: the prompts exactly as SWIFT's engine builds them."""
+    import torch
+    from swift import InferRequest
+
+    ids = [
+        template.encode(InferRequest(messages=[{"role": "user", "content": q}]))["input_ids"]
+        for q in questions
+    ]
+    width = max(len(i) for i in ids)
+    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for row, tokens in enumerate(ids):
+        input_ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+def logits(model, batch):
+    """The model's logits for ``batch`` in float32, on the CPU (no gradients)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model(**{k: v.to(device) for k, v in batch.items()}).logits
+    return out.float().cpu()
+
+
+def largest_gap(a, b, mask) -> float:
+    """The largest absolute difference between two logit tensors at the real (unpadded) tokens."""
+    if a.shape != b.shape:
+        raise CourseError(f"the logits have different shapes, {tuple(a.shape)} and {tuple(b.shape)}.")
+    keep = mask.bool()
+    return float((a[keep] - b[keep]).abs().max())
+
+
+# --- streaming: one answer, piece by piece --------------------------------------------------------------
+
+
+def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) -> list[str]:
+    """Ask ``question`` with streaming output: each piece is shown as it arrives; returns the pieces."""
+    from swift import InferRequest, RequestConfig
+
+    if chat.engine is None:
+        raise CourseError("this Chat was closed; create a new one.")
+    [chunks] = chat.engine.infer(
+        [InferRequest(messages=[{"role": "user", "content": question}])],
+        RequestConfig(max_tokens=max_tokens, temperature=0, stream=True),
+        use_tqdm=False,
+    )
+    pieces = []
+    for chunk in chunks:
+        if chunk is None or not chunk.choices:
+            continue
+        piece = chunk.choices[0].delta.content or ""
+        if piece:
+            pieces.append(piece)
+            out(piece, end="", flush=True)
+    out()
+    return pieces
+
+
+# --- scores on the held-out questions -----------------------------------------------------------------
+
+
+def scores(identity_rows, general_rows, identity_answers, general_answers, base_general, name) -> dict:
+    """Identity named (zh, en, all) and general kept against the base model's answers, in one dict."""
+    ident = finetune.identity_scores(identity_rows, identity_answers, name)
+    general = finetune.general_scores(general_rows, base_general, general_answers, name)
+    return {
+        "identity_zh": ident.get("zh", float("nan")),
+        "identity_en": ident.get("en", float("nan")),
+        "identity_all": ident["all"],
+        "general_kept": general["kept"],
+        "general_base_right": general["base_right"],
+        "general_kept_fraction": general["kept_fraction"],
+        "general_naming_itself": general["name_in_general_answers"],
+    }
+
+
+def score_rows(by_model: dict, general_count: int) -> list[dict]:
+    """One table row per model (``{label: scores(...)}``), percentages and counts as text."""
+    return [
+        {
+            "model": label,
+            "identity named (zh)": f"{s['identity_zh']:.0%}",
+            "identity named (en)": f"{s['identity_en']:.0%}",
+            "general kept": f"{s['general_kept']}/{s['general_base_right']}",
+            "general answers naming itself": f"{s['general_naming_itself']}/{general_count}",
+        }
+        for label, s in by_model.items()
+    ]
+
+
+def same_answers(a, b) -> int:
+    """How many answers of two lists are the same text."""
+    return sum(finetune._text(x).strip() == finetune._text(y).strip() for x, y in zip(a, b, strict=True))
+
+
+# --- exercises ------------------------------------------------------------------------------------------
+
+
+def _lora_case(seed: int, out_features: int = 6, in_features: int = 5, r: int = 2, alpha: int = 8):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    a = torch.randn(r, in_features, generator=gen)
+    b = torch.randn(out_features, r, generator=gen)
+    return weight, a, b, alpha, r
+
+
+@checker("07.1")
+def _check_merge_weight(fn):
+    """fn(W, A, B, alpha, r) -> the merged weight W + (alpha / r) * B @ A."""
+    import torch
+
+    for seed, r, alpha in [(0, 2, 8), (1, 4, 32), (2, 1, 1)]:
+        weight, a, b, alpha, r = _lora_case(seed, r=r, alpha=alpha)
+        x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(seed + 10))
+        lora_output = x @ weight.T + (alpha / r) * (x @ a.T) @ b.T  # what the adapter computes beside W
+        got = fn(weight.clone(), a.clone(), b.clone(), alpha, r)
+        got = torch.as_tensor(got)
+        if got.shape != weight.shape:
+            return (
+                False,
+                f"the merged weight must keep W's shape {tuple(weight.shape)}, not {tuple(got.shape)}.",
+            )
+        if not torch.allclose(x @ got.T, lora_output, atol=1e-5):
+            return False, (
+                f"with r={r}, alpha={alpha} your weight does not reproduce W x + (alpha/r) B A x; "
+                "the update is B @ A (shape out x in), scaled by alpha / r."
+            )
+    return (
+        True,
+        "one matrix now does what W and the adapter did together: that is all swift export --merge_lora does.",
+    )
+
+
+@checker("07.2")
+def _check_read_answers(fn):
+    """fn(path) -> {question: answer} from a swift infer result file."""
+    import tempfile
+
+    rows = [
+        {
+            "response": "I am XiaoKe.",
+            "labels": None,
+            "messages": [
+                {"role": "user", "content": "Who are you?"},
+                {"role": "assistant", "content": "I am XiaoKe."},
+            ],
+        },
+        {
+            "response": "巴黎。",
+            "labels": None,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "法国的首都是哪里？"},
+                {"role": "assistant", "content": "巴黎。"},
+            ],
+        },
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "answers.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        got = fn(str(path))
+    want = {"Who are you?": "I am XiaoKe.", "法国的首都是哪里？": "巴黎。"}
+    if dict(got) != want:
+        return False, (
+            f"got {dict(got)!r}; each line's question is the last user message and its answer is `response` "
+            "(a system message may come first)."
+        )
+    return True, "that is how the table above was read from swift infer's file."

@@ -1,0 +1,257 @@
+"""The merge-and-inference lesson's helpers: the recorded adapter, SWIFT flags, files, logits, scores, checkers."""
+
+import dataclasses
+import json
+
+import pytest
+
+from helpers import finetune, inference, models
+from helpers.errors import CourseError
+from helpers.exercises import check
+
+NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
+INFO = models.ModelInfo("m", "/models/m", "test", model_type="llama", template="chatml")
+
+
+def fake_adapter(folder):
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 32}))
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+@pytest.fixture
+def outputs(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path / "outputs"))
+    return tmp_path / "outputs"
+
+
+# --- the recorded adapter ------------------------------------------------------------------------------
+
+
+def test_no_record_stops_with_one_sentence_naming_notebook_06(outputs):
+    with pytest.raises(
+        CourseError, match=r"no adapter is recorded for the cpu profile .* run notebook 06 first"
+    ):
+        inference.recorded_adapter("cpu")
+    finetune.save_latest("smoke", fake_adapter(outputs.parent / "smoke"), INFO, NAME, AUTHOR)
+    with pytest.raises(CourseError, match="run notebook 06 first"):
+        inference.recorded_adapter("cpu")  # a smoke record does not stand in for the cpu one
+    assert inference.recorded_adapter("smoke")["profile"] == "smoke"
+
+
+def test_a_missing_or_changed_adapter_is_refused(outputs, tmp_path):
+    checkpoint = fake_adapter(tmp_path / "run" / "checkpoint-4")
+    finetune.save_latest("cpu", checkpoint, INFO, NAME, AUTHOR)
+    record = inference.recorded_adapter("cpu")
+    assert record["checkpoint"] == str(checkpoint.resolve()) and record["model_name"] == list(NAME)
+    (checkpoint / "adapter_model.safetensors").write_bytes(b"retrained")
+    with pytest.raises(CourseError, match="changed after notebook 06 recorded it"):
+        inference.recorded_adapter("cpu")
+    for path in checkpoint.iterdir():
+        path.unlink()
+    checkpoint.rmdir()
+    with pytest.raises(CourseError, match="is gone"):
+        inference.recorded_adapter("cpu")
+
+
+def test_base_and_merged_model_keep_type_and_template(tmp_path):
+    record = {
+        "model": "/models/m",
+        "model_type": "llama",
+        "template": "chatml",
+        "checkpoint": "/a/checkpoint-4",
+    }
+    base = inference.base_model(record)
+    merged = inference.merged_model(record, tmp_path / "merged")
+    assert (base.path, base.model_type, base.template) == ("/models/m", "llama", "chatml")
+    assert (merged.path, merged.model_type, merged.template) == (str(tmp_path / "merged"), "llama", "chatml")
+
+
+# --- SWIFT flags -----------------------------------------------------------------------------------------
+
+
+def flags_to_dict(flags):
+    out, key = {}, None
+    for item in flags:
+        if item.startswith("--"):
+            key = item[2:]
+            out[key] = []
+        else:
+            out[key].append(item)
+    return {k: v[0] if len(v) == 1 else v for k, v in out.items()}
+
+
+def test_export_flags_merge_into_a_new_folder_and_are_export_arguments(tmp_path):
+    from swift.arguments import ExportArguments
+
+    record = {
+        "model": "/models/m",
+        "model_type": "llama",
+        "template": "chatml",
+        "checkpoint": "/a/checkpoint-4",
+    }
+    flags = flags_to_dict(inference.export_flags(record, tmp_path / "v1" / "model"))
+    assert flags["adapters"] == "/a/checkpoint-4" and flags["model"] == "/models/m"
+    assert flags["merge_lora"] == "true" and flags["torch_dtype"] == "float32"
+    assert flags["output_dir"] == str(tmp_path / "v1" / "model")
+    assert "check_model" not in flags, "swift export refuses the training-only --check_model"
+    assert set(flags) <= {f.name for f in dataclasses.fields(ExportArguments)}
+    assert (
+        flags_to_dict(inference.export_flags(record, tmp_path / "new", "cuda"))["torch_dtype"] == "bfloat16"
+    )
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(CourseError, match="already exists"):
+        inference.export_flags(record, tmp_path / "taken")
+
+
+def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
+    from swift.arguments import InferArguments
+
+    flags = flags_to_dict(inference.infer_flags(INFO, tmp_path / "q.jsonl", tmp_path / "a.jsonl", 32))
+    assert flags["val_dataset"] == str(tmp_path / "q.jsonl") and flags["result_path"] == str(
+        tmp_path / "a.jsonl"
+    )
+    assert flags["temperature"] == "0" and flags["max_new_tokens"] == "32" and flags["stream"] == "false"
+    assert int(flags["max_batch_size"]) > 1
+    assert set(flags) <= {f.name for f in dataclasses.fields(InferArguments)}
+
+
+# --- files -------------------------------------------------------------------------------------------------
+
+
+def test_questions_out_answers_back_in_question_order(tmp_path):
+    questions = ["Who are you?", "你是谁？"]
+    path = inference.write_questions(tmp_path / "q.jsonl", questions)
+    assert finetune.read_jsonl(path) == [{"query": "Who are you?"}, {"query": "你是谁？"}]
+    result = tmp_path / "a.jsonl"
+    finetune.write_jsonl(
+        result,
+        [  # swift infer's rows, here in the other order
+            {
+                "response": " 我是小课。",
+                "messages": [
+                    {"role": "user", "content": "你是谁？"},
+                    {"role": "assistant", "content": "我是小课。"},
+                ],
+            },
+            {"response": "I am XiaoKe.", "messages": [{"role": "user", "content": "Who are you?"}]},
+        ],
+    )
+    assert inference.read_answers(result, questions) == ["I am XiaoKe.", "我是小课。"]
+    with pytest.raises(CourseError, match="no answer to 1 question"):
+        inference.read_answers(result, questions + ["What is 2 + 2?"])
+    with pytest.raises(CourseError, match="did swift infer finish"):
+        inference.read_answers(tmp_path / "missing.jsonl", questions)
+
+
+def test_sizes_on_disk(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"w" * 1000)
+    (folder / "training_args.bin").write_bytes(b"t" * 10)
+    (folder / "adapter_config.json").write_bytes(b"c" * 5)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.txt").write_bytes(b"x" * 3)
+    (folder / "link.safetensors").symlink_to(folder / "adapter_model.safetensors")
+    assert inference.weight_bytes(folder) == 1000  # the link is not a second copy; training_args is no weight
+    assert inference.folder_bytes(folder) == 1018
+    with pytest.raises(CourseError, match="is not a folder"):
+        inference.folder_bytes(tmp_path / "nothing")
+
+
+# --- logits and streaming on the tiny model ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter(tmp_path_factory):
+    """A tiny Llama, a LoRA adapter with non-zero B (so it changes the outputs), and the merged model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    info = models.tiny_llama()
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = models.load(info)
+    torch.manual_seed(0)
+    config = LoraConfig(
+        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False
+    )
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(folder / "adapter")
+    merged = peft_model.merge_and_unload()
+    merged.save_pretrained(folder / "merged")
+    tokenizer.save_pretrained(folder / "merged")
+    return info, folder / "adapter", dataclasses.replace(info, path=str(folder / "merged"))
+
+
+def test_merged_logits_equal_base_plus_adapter(tiny_adapter):
+    info, adapter, merged = tiny_adapter
+    questions = ["Who are you?", "你是谁？", "What is the capital of France?"]
+    with finetune.Chat(info, adapter=adapter) as chat:
+        batch = inference.prompt_batch(chat.engine.template, questions)
+        with_adapter = inference.logits(chat.engine.model, batch)
+        with chat.engine.model.disable_adapter():
+            without = inference.logits(chat.engine.model, batch)
+    merged_model, _ = models.load(merged)
+    merged_logits = inference.logits(merged_model, batch)
+    mask = batch["attention_mask"]
+    lengths = mask.sum(dim=1).tolist()
+    assert len(set(lengths)) > 1 and mask[0, : lengths[0]].all() and not mask[0, lengths[0] :].any()
+    assert inference.largest_gap(with_adapter, merged_logits, mask) < 1e-4
+    assert inference.largest_gap(with_adapter, without, mask) > 1e-2
+    with pytest.raises(CourseError, match="different shapes"):
+        inference.largest_gap(with_adapter, merged_logits[:2], mask)
+
+
+def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
+    info, adapter, _ = tiny_adapter
+    shown = []
+    with finetune.Chat(info, adapter=adapter) as chat:
+        pieces = inference.stream(chat, "Who are you?", max_tokens=6, out=lambda *a, **k: shown.append(a))
+        [answer] = chat.ask(["Who are you?"], max_tokens=6)
+    assert "".join(pieces).strip() == answer.text
+    assert len(shown) == len(pieces) + 1  # one print per piece, then the closing newline
+    with pytest.raises(CourseError, match="closed"):
+        inference.stream(chat, "Who are you?")
+
+
+# --- scores ------------------------------------------------------------------------------------------------
+
+
+def test_scores_and_their_table():
+    identity = [{"tag": "zh"}, {"tag": "en"}, {"tag": "en"}]
+    general = [{"expect": ["Paris"]}, {"expect": ["eight", "8"]}, {"expect": ["Au"]}]
+    base_general = ["Paris.", "Eight legs.", "Gold."]
+    tuned_general = ["Paris.", "I am XiaoKe, with 8 legs.", "Au."]
+    s = inference.scores(
+        identity, general, ["我是小课", "I am XiaoKe", "I am a bot"], tuned_general, base_general, NAME
+    )
+    assert (s["identity_zh"], s["identity_en"]) == (1.0, 0.5)
+    assert (s["general_kept"], s["general_base_right"], s["general_naming_itself"]) == (1, 2, 1)
+    [row] = inference.score_rows({"after": s}, len(general))
+    assert row == {
+        "model": "after",
+        "identity named (zh)": "100%",
+        "identity named (en)": "50%",
+        "general kept": "1/2",
+        "general answers naming itself": "1/3",
+    }
+    assert inference.same_answers(["a ", finetune.Answer("b", True)], ["a", "c"]) == 1
+
+
+# --- exercises -----------------------------------------------------------------------------------------------
+
+
+def test_exercise_07_1():
+    assert check("07.1", lambda W, A, B, alpha, r: W + (alpha / r) * B @ A)
+    assert not check("07.1", lambda W, A, B, alpha, r: W + B @ A)  # the alpha / r scale forgotten
+    assert not check("07.1", lambda W, A, B, alpha, r: W + (r / alpha) * B @ A)  # the scale upside down
+
+
+def test_exercise_07_2():
+    def answers_from(path):
+        rows = [json.loads(x) for x in open(path, encoding="utf-8")]
+        return {[m for m in r["messages"] if m["role"] == "user"][-1]["content"]: r["response"] for r in rows}
+
+    assert check("07.2", answers_from)
+    assert not check("07.2", lambda path: {json.loads(x)["messages"][0]["content"]: "" for x in open(path)})
