@@ -164,6 +164,11 @@ def _value(metric: dict) -> str:
     return f"{text} {metric['unit']}".strip()
 
 
+def _cell(text) -> str:
+    """Text safe inside a Markdown table cell: a ``|`` would start a new column, a newline a new row."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def write_report(build: Path, runs: list[NotebookRun], context: dict) -> tuple[Path, Path]:
     data = {**context, "notebooks": [asdict(r) for r in runs]}
     (build / "report.json").write_text(json.dumps(data, indent=2, ensure_ascii=False))
@@ -198,7 +203,7 @@ def write_report(build: Path, runs: list[NotebookRun], context: dict) -> tuple[P
             lines.append("")
         if r.metrics:
             lines += ["| metric | value | note |", "|---|---|---|"]
-            lines += [f"| {m['name']} | {_value(m)} | {m.get('note', '')} |" for m in r.metrics]
+            lines += [f"| {_cell(m['name'])} | {_cell(_value(m))} | {_cell(m.get('note', ''))} |" for m in r.metrics]
         elif not r.error:
             lines.append("(no metrics recorded)")
     (build / "report.md").write_text("\n".join(lines) + "\n")

@@ -40,3 +40,14 @@ def test_exercise_verdicts(capsys):
     assert "✅ correct. twice two is four" in out and "not answered yet" in out
     assert out.count("❌ not yet") == 2
     assert exercises.close([1.0, 2.0], [1.0, 2.0 + 1e-12]) and not exercises.close(1.0, 1.1)
+
+
+def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
+    from helpers import runner
+
+    run = runner.NotebookRun(name="07_x", title="07 · x", status="passed", seconds=1.0)
+    run.metrics = [{"name": "gap", "value": 0.5, "unit": "", "note": "|a - b| over\ntwo lines"}]
+    context = {"profile": "smoke", "started": "now", "total_seconds": 1.0}
+    md, _ = runner.write_report(tmp_path, [run], context)
+    [row] = [line for line in md.read_text().splitlines() if line.startswith("| gap")]
+    assert row == "| gap | 0.5 | \\|a - b\\| over two lines |"
