@@ -7,6 +7,7 @@ the reference answer passes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 _CHECKERS: dict[str, Callable] = {}
@@ -40,16 +41,33 @@ class Verdict:
 
 
 def check(exercise: str, answer) -> Verdict:
-    """Print a verdict for ``answer``; the result is truthy when it is right."""
+    """Print a verdict for ``answer``; the result is truthy when it is right.
+
+    ``answer`` may be a value or, for a function exercise, the learner's function: one that still
+    returns None whenever the checker calls it (its body is ``...``) counts as not answered.
+    """
     if exercise not in _CHECKERS:
         raise KeyError(f"no checker is registered for exercise {exercise!r}; known: {sorted(_CHECKERS)}")
+    unanswered = f"Exercise {exercise}: not answered yet. Replace the placeholder and run the cell again."
     if answer is None or answer is Ellipsis:
-        print(f"Exercise {exercise}: not answered yet. Replace the placeholder and run the cell again.")
+        print(unanswered)
         return Verdict(False)
+    returned: list = []
+    if callable(answer):  # a function exercise: watch what the learner's function returns
+        learner_fn = answer
+
+        @functools.wraps(learner_fn)
+        def answer(*args, **kwargs):
+            returned.append(learner_fn(*args, **kwargs))
+            return returned[-1]
+
     try:
         ok, message = _CHECKERS[exercise](answer)
     except Exception as exc:  # a wrong type of answer is feedback, not a crash
         ok, message = False, f"the answer could not be checked ({type(exc).__name__}: {exc})"
+    if returned and all(r is None for r in returned):  # the body is still `...`
+        print(unanswered)
+        return Verdict(False)
     print(f"Exercise {exercise}: {'✅ correct' if ok else '❌ not yet'}. {message}".rstrip())
     return Verdict(ok)
 

@@ -42,6 +42,20 @@ def test_exercise_verdicts(capsys):
     assert exercises.close([1.0, 2.0], [1.0, 2.0 + 1e-12]) and not exercises.close(1.0, 1.1)
 
 
+def test_a_function_that_still_returns_none_is_not_answered_yet(capsys):
+    @checker("test.2")
+    def _halve(fn):
+        return fn(4) == 2 and fn(0) == 0, "half of four is two"
+
+    def halve(x): ...  # the learner's cell before any code is written
+
+    assert not exercises.check("test.2", halve)
+    assert capsys.readouterr().out.strip().startswith("Exercise test.2: not answered yet")
+    assert not exercises.check("test.2", lambda x: None if x == 0 else x / 2)  # None only sometimes: wrong
+    assert "❌ not yet" in capsys.readouterr().out
+    assert exercises.check("test.2", lambda x: x / 2)
+
+
 def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
     from helpers import runner
 
