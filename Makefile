@@ -3,8 +3,9 @@ PROFILE ?= auto
 ONLY ?=
 BIN := .venv/bin
 LAB_PORT ?= 8888
+KEEP ?=
 
-.PHONY: help setup run test lint unit notebooks lab refresh clean
+.PHONY: help setup run test lint unit notebooks lab refresh clean prune
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
@@ -12,6 +13,7 @@ help:
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
+	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
 
 setup:
 	@bash scripts/setup.sh
@@ -20,7 +22,7 @@ run: setup
 	@$(BIN)/python -m helpers.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 lint: setup
-	$(BIN)/ruff check helpers tests notebooks
+	$(BIN)/ruff check conftest.py helpers tests notebooks
 
 unit: setup
 	$(BIN)/python -m pytest tests -ra
@@ -46,3 +48,6 @@ clean:
 		build/report.md build/report.json build/index.html
 	@echo "Removed the run outputs in build/. Kept build/models (converted models) and build/outputs"
 	@echo "(adapters, checkpoints, merged models you trained): delete those by hand if you mean to."
+
+prune: setup
+	@$(BIN)/python -m helpers.runner prune --keep "$(KEEP)"

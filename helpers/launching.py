@@ -102,6 +102,21 @@ def finish() -> None:
 # --- process plumbing -----------------------------------------------------------------------------
 
 
+def interruptible() -> None:
+    """Let Ctrl-C (SIGINT) raise KeyboardInterrupt here, whatever the parent process did with it.
+
+    A job started in the background of a non-interactive shell (``nohup``, ``cmd &`` in a script, some
+    CI runners) starts with SIGINT *ignored*, Python keeps it ignored, and every child inherits that:
+    Ctrl-C, the stop button or a test's SIGINT would then do nothing. Python's own handler is put back
+    (only the main thread may set one); its children then start with SIGINT at its default again.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN,
+        None,
+    ):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def free_port() -> int:
     """A TCP port nobody is listening on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -289,6 +304,7 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
     Raises LaunchTimeout after ``timeout`` seconds (default: the largest launch timeout) and
     LaunchError when any launch exits non-zero; in every case no process is left running.
     """
+    interruptible()
     timeout = timeout or max(launch.timeout for launch in launches)
     tags = {
         id(launch): (f"[{launch.label}] " if len(launches) > 1 and launch.label else "")

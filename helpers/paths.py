@@ -42,3 +42,111 @@ def new_output_dir(name: str) -> Path:
             return folder
         except FileExistsError:
             number += 1
+
+
+def _version(folder: Path) -> int | None:
+    name = folder.name
+    return int(name[1:]) if folder.is_dir() and name.startswith("v") and name[1:].isdigit() else None
+
+
+def recorded_versions() -> set[Path]:
+    """Version folders that a ``latest-*.json`` record in build/outputs/ points into (never pruned)."""
+    import json
+
+    root = outputs_dir()
+    kept: set[Path] = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, str) and value.startswith(str(root)):
+            path = Path(value)
+            for folder in (path, *path.parents):
+                if _version(folder) is not None and folder.parent.parent == root:
+                    kept.add(folder)
+                    break
+
+    for record in root.glob("latest-*.json"):
+        walk(json.loads(record.read_text()))
+    return kept
+
+
+def real_files(folder, recursive: bool, keep=lambda path: True):
+    """``(path, size)`` of every real file in ``folder`` (and below when ``recursive``) whose path ``keep``
+    accepts, links followed.
+
+    A hub cache is a folder of symbolic links into ``blobs/``: a link counts as the file it points to, each
+    real file once however many links lead to it (same device and inode), and a dangling link not at all.
+    """
+    seen_files, seen_dirs = set(), set()
+    for top, dirs, names in os.walk(folder, followlinks=True):
+        here = os.stat(top)
+        if (here.st_dev, here.st_ino) in seen_dirs:  # a linked folder already walked, or a loop
+            dirs.clear()
+            continue
+        seen_dirs.add((here.st_dev, here.st_ino))
+        if not recursive:
+            dirs.clear()
+        for name in sorted(names):
+            path = Path(top) / name
+            if not keep(path):
+                continue
+            try:
+                stat = path.stat()  # follows links
+            except OSError:  # a dangling link
+                continue
+            if (stat.st_dev, stat.st_ino) not in seen_files:
+                seen_files.add((stat.st_dev, stat.st_ino))
+                yield path, stat.st_size
+
+
+def size_of(path: Path) -> int:
+    """Bytes on disk under ``path`` (a file or a folder), links followed, each real file counted once."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(size for _, size in real_files(path, recursive=True))
+
+
+def prune_outputs(keep: int, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Delete all but the newest ``keep`` versions of each run in build/outputs/ (a version recorded as
+    latest is always kept); returns what was (or, with ``dry_run``, would be) deleted, with its size."""
+    import shutil
+
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"KEEP = {keep!r} must be a whole number of versions to keep, 0 or more.")
+    root = outputs_dir()
+    protected = recorded_versions()
+    deleted = []
+    for run in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        versions = sorted((v for v in run.iterdir() if _version(v) is not None), key=_version, reverse=True)
+        for folder in versions[keep:]:
+            if folder in protected:
+                continue
+            deleted.append((folder, size_of(folder)))
+            if not dry_run:
+                shutil.rmtree(folder)
+    return deleted
+
+
+def snapshot(folder: Path) -> dict[str, tuple]:
+    """Every file and folder under ``folder``: relative path -> (size, modification time in ns)."""
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.rglob("*"):
+        info = path.lstat()
+        found[str(path.relative_to(folder))] = (info.st_size if path.is_file() else None, info.st_mtime_ns)
+    return found
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """What changed between two :func:`snapshot` s of a folder, one line each."""
+    lines = [f"added {p}" for p in sorted(after.keys() - before.keys())]
+    lines += [f"removed {p}" for p in sorted(before.keys() - after.keys())]
+    lines += [f"changed {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
+    return lines

@@ -149,6 +149,75 @@ def execute(notebook: Path, out: Path, parameters: dict, progress: bool = True) 
     return run
 
 
+def stop_children() -> int:
+    """Stop every process this one started (the kernel and whatever it launched); how many stopped."""
+    from helpers.launching import kill_tree
+
+    return sum(kill_tree(child.pid) for child in psutil.Process().children())
+
+
+def running_cell(executed: Path) -> tuple[int | None, str]:
+    """The cell a stopped run was in, from its partly executed notebook: (number, first code line).
+
+    papermill saves the output notebook each time a cell starts (``cell_start``), stamping the cell's
+    ``metadata.papermill.start_time``; the cells after it have none. The number counts code cells from
+    1, as the execution counts of a fresh run do (the injected-parameters cell included).
+    """
+    import nbformat
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except (OSError, ValueError):
+        return None, ""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    started = [n for n, c in enumerate(code, 1) if c.metadata.get("papermill", {}).get("start_time")]
+    if not started:
+        return None, ""
+    return started[-1], _first_code_line(code[started[-1] - 1].source)
+
+
+def _interrupted(notebook: Path, out: Path, seconds: float) -> NotebookRun:
+    """Ctrl-C during ``notebook``: stop everything it started and say where it stopped."""
+    stopped = stop_children()
+    cell, line = running_cell(out)
+    run = NotebookRun(name=notebook.stem, title=title_of(json.loads(notebook.read_text())))
+    run.status, run.seconds = "interrupted", round(seconds, 1)
+    run.executed = str(out) if out.exists() else ""
+    run.error = {
+        "cell": cell,
+        "line": line,
+        "error": "KeyboardInterrupt",
+        "message": f"stopped by Ctrl-C (SIGINT); {stopped} process(es) it had started were stopped.",
+    }
+    return run
+
+
+def outputs_summary() -> str:
+    """One line: how much disk what you trained takes (build/outputs), and how to prune it."""
+    folder = paths.outputs_dir()
+    size = paths.size_of(folder) if folder.is_dir() else 0
+    shown = os.path.relpath(folder, paths.ROOT) if folder.is_relative_to(paths.ROOT) else folder
+    return (
+        f"Outputs: {shown}/ holds {size / 1e9:.2f} GB; `make prune KEEP=2` deletes all but the newest "
+        "2 versions of each run."
+    )
+
+
+def prune(keep: int, dry_run: bool = False) -> int:
+    """``make prune KEEP=N``: list and delete old versions in build/outputs/, keeping what is latest."""
+    deleted = paths.prune_outputs(keep, dry_run)
+    verb = "Would delete" if dry_run else "Deleted"
+    for folder, size in deleted:
+        print(f"{verb} {folder} ({size / 1e6:.0f} MB)")
+    total = sum(size for _, size in deleted)
+    print(
+        f"{verb} {len(deleted)} version(s), {total / 1e9:.2f} GB; kept the newest {keep} of each run "
+        "and every version a latest-*.json record names."
+    )
+    print(outputs_summary())
+    return 0
+
+
 def render_html(executed: Path, target: Path) -> None:
     import nbformat
     from nbconvert import HTMLExporter
@@ -199,11 +268,14 @@ def write_report(build: Path, runs: list[NotebookRun], context: dict) -> tuple[P
         lines += ["", f"## {r.name}: {r.title}", ""]
         if r.error:
             e = r.error
-            lines.append(f"**Failed** in cell {e['cell']} (`{e['line']}`): {e['error']}: {e['message']}")
+            what = "Interrupted" if r.status == "interrupted" else "Failed"
+            lines.append(f"**{what}** in cell {e['cell']} (`{e['line']}`): {e['error']}: {e['message']}")
             lines.append("")
         if r.metrics:
             lines += ["| metric | value | note |", "|---|---|---|"]
-            lines += [f"| {_cell(m['name'])} | {_cell(_value(m))} | {_cell(m.get('note', ''))} |" for m in r.metrics]
+            lines += [
+                f"| {_cell(m['name'])} | {_cell(_value(m))} | {_cell(m.get('note', ''))} |" for m in r.metrics
+            ]
         elif not r.error:
             lines.append("(no metrics recorded)")
     (build / "report.md").write_text("\n".join(lines) + "\n")
@@ -275,9 +347,20 @@ def run_course(profile: str = "auto", only=None, build: Path | None = None, prog
     chosen = profiles.resolve(profile).name
     parameters = {} if profile == "auto" else {"PROFILE": profile}
     runs = []
+    interrupted = None
     for i, notebook in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
-        run = execute(notebook, build / "executed" / notebook.name, parameters, progress)
+        out = build / "executed" / notebook.name
+        started_at = time.perf_counter()
+        try:
+            run = execute(notebook, out, parameters, progress)
+        except KeyboardInterrupt:
+            interrupted = _interrupted(notebook, out, time.perf_counter() - started_at)
+            runs.append(interrupted)
+            runs += [
+                NotebookRun(name=nb.stem, title=title_of(json.loads(nb.read_text()))) for nb in notebooks[i:]
+            ]
+            break
         run.budget_seconds = BUDGETS.get(notebook.name[:2], {}).get(chosen)
         if Path(run.executed).exists():
             run.html = str(build / "html" / f"{notebook.stem}.html")
@@ -295,7 +378,16 @@ def run_course(profile: str = "auto", only=None, build: Path | None = None, prog
     md, js = write_report(build, runs, context)
     index = write_index(build, runs)
     print(f"\nReport: {md}\n        {js}\nPages:  {index}")
-    failed = [r for r in runs if r.status != "passed"]
+    print(outputs_summary())
+    if interrupted:
+        e = interrupted.error
+        print(
+            f"INTERRUPTED: {interrupted.name}, cell {e['cell']} (`{e['line']}`), after "
+            f"{interrupted.seconds:.0f} s; {e['message']} The notebooks after it did not run.",
+            file=sys.stderr,
+        )
+        return 130  # the shell's code for "stopped by SIGINT"
+    failed = [r for r in runs if r.status == "failed"]
     for r in failed:
         e = r.error or {}
         print(
@@ -348,7 +440,21 @@ def main(argv=None) -> int:
     run_p.add_argument("--no-progress", action="store_true")
     ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
     ref.add_argument("--only", nargs="*")
+    pr = sub.add_parser("prune", help="delete all but the newest KEEP versions of each run in build/outputs/")
+    pr.add_argument("--keep", required=True)
+    pr.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "prune":
+        if not args.keep.isdigit():
+            print(
+                f"error: KEEP = {args.keep!r} must be a whole number of versions to keep, e.g. KEEP=2.",
+                file=sys.stderr,
+            )
+            return 2
+        return prune(int(args.keep), args.dry_run)
+    from helpers.launching import interruptible
+
+    interruptible()  # Ctrl-C must stop the run even when the parent started it with SIGINT ignored
     if args.command == "refresh":
         return refresh(args.only)
     from helpers.errors import CourseError

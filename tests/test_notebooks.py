@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import nbformat
 import papermill as pm
@@ -127,3 +128,72 @@ def test_a_failing_notebook_fails_the_run_and_is_named_with_its_cell(tmp_path, m
     md = (tmp_path / "build" / "report.md").read_text()
     assert "**Failed** in cell 5" in md and "IndexError" in md
     assert "FAILED: 02_fails, cell 5" in capsys.readouterr().err
+
+
+HANG = """
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("ready", dist.get_rank(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
+    """Ctrl-C in the terminal during a launch: everything stops, the run names the cell and exits 130.
+
+    The runner is started with SIGINT ignored, as ``nohup make run &`` would leave it: it must not matter.
+    """
+    import os
+    import signal
+
+    import psutil
+
+    from conftest import processes_mentioning
+
+    script = tmp_path / "hangs_forever.py"
+    script.write_text(HANG)
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    mini_notebook(lessons / "01_passes.ipynb", fails=False)
+    nb = nbformat.read(lessons / "01_passes.ipynb", as_version=4)
+    nb.cells.append(
+        new_code_cell(f"from helpers import launching\nlaunching.torchrun({str(script)!r}, nproc=2)")
+    )
+    nbformat.write(nb, lessons / "02_hangs.ipynb")
+    mini_notebook(lessons / "03_never_reached.ipynb", fails=False)
+    build = tmp_path / "build"
+    driver = (
+        "import sys; from pathlib import Path; from helpers import paths, runner\n"
+        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
+        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
+    )
+
+    def like_nohup():  # its own process group, as a terminal's foreground job; SIGINT ignored
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=like_nohup,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while len(processes_mentioning(str(script))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    everything = psutil.Process(proc.pid).children(recursive=True)
+    assert len(processes_mentioning(str(script))) >= 3, "the launch never started"
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground job
+    pressed = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    stopped_after = time.monotonic() - pressed
+    gone, alive = psutil.wait_procs(everything, timeout=5)
+    assert alive == [], f"still running after Ctrl-C: {alive}"
+    assert processes_mentioning(str(script)) == []
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert stopped_after < 30, f"took {stopped_after:.0f} s to stop"  # about 4 s here; 30 holds under load
+    # code cells: parameters, injected parameters, resolve, record, then the launch
+    assert "INTERRUPTED: 02_hangs, cell 5 (`from helpers import launching`)" in err, err[-1500:]
+    report = json.loads((build / "report.json").read_text())
+    assert [n["status"] for n in report["notebooks"]] == ["passed", "interrupted", "not run"]
+    assert report["notebooks"][1]["error"]["cell"] == 5
+    assert "**Interrupted** in cell 5" in (build / "report.md").read_text()

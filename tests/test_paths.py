@@ -18,3 +18,74 @@ def test_build_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "b"))
     assert paths.run_dir("logs") == (tmp_path / "b" / "logs").resolve()
     assert (tmp_path / "b" / "logs").is_dir()
+
+
+def test_tests_write_only_under_build_test():
+    """The root conftest.py points every folder the course writes to into build/test/."""
+    test_build = paths.ROOT / "build" / "test"
+    for folder in (paths.build_dir(), paths.outputs_dir(), paths.models_dir()):
+        assert folder.is_relative_to(test_build), folder
+    assert not paths.outputs_dir().is_relative_to(paths.ROOT / "build" / "outputs")
+
+
+def test_a_snapshot_sees_files_added_removed_and_changed(tmp_path):
+    (tmp_path / "run" / "v1").mkdir(parents=True)
+    (tmp_path / "run" / "v1" / "adapter.bin").write_bytes(b"1234")
+    (tmp_path / "latest.json").write_text("{}")
+    before = paths.snapshot(tmp_path)
+    assert paths.differences(before, paths.snapshot(tmp_path)) == []
+    (tmp_path / "run" / "v2").mkdir()
+    (tmp_path / "latest.json").write_text('{"smoke": 1}')
+    (tmp_path / "run" / "v1" / "adapter.bin").unlink()
+    assert paths.differences(before, paths.snapshot(tmp_path)) == [
+        "added run/v2",
+        "removed run/v1/adapter.bin",
+        "changed latest.json",
+        "changed run",  # a folder's modification time changes when an entry is added or removed
+        "changed run/v1",
+    ]
+
+
+def make_versions(root, run, count, size=10):
+    for n in range(1, count + 1):
+        folder = root / run / f"v{n}"
+        folder.mkdir(parents=True)
+        (folder / "weights.bin").write_bytes(b"x" * size)
+
+
+def test_prune_keeps_the_newest_and_every_version_recorded_as_latest(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path))
+    make_versions(tmp_path, "self-cognition-cpu", 5)
+    make_versions(tmp_path, "self-cognition-merged", 2)
+    (tmp_path / "self-cognition-cpu" / "notes").mkdir()  # not a version: never touched
+    recorded = tmp_path / "self-cognition-cpu" / "v1" / "checkpoint-40"
+    recorded.mkdir()
+    (tmp_path / "latest-self-cognition.json").write_text(json.dumps({"cpu": {"checkpoint": str(recorded)}}))
+    plan = paths.prune_outputs(2, dry_run=True)
+    assert [str(f.relative_to(tmp_path)) for f, _ in plan] == [
+        "self-cognition-cpu/v3",
+        "self-cognition-cpu/v2",
+    ]
+    assert all(size == 10 for _, size in plan)
+    assert (tmp_path / "self-cognition-cpu" / "v2").is_dir(), "a dry run deletes nothing"
+    assert paths.prune_outputs(2) == plan
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*"))
+    assert left == [
+        "self-cognition-cpu/notes", "self-cognition-cpu/v1", "self-cognition-cpu/v4", "self-cognition-cpu/v5",
+        "self-cognition-merged/v1", "self-cognition-merged/v2",
+    ]  # fmt: skip
+    assert paths.prune_outputs(0, dry_run=True) == [
+        (tmp_path / "self-cognition-cpu" / "v5", 10), (tmp_path / "self-cognition-cpu" / "v4", 10),
+        (tmp_path / "self-cognition-merged" / "v2", 10), (tmp_path / "self-cognition-merged" / "v1", 10),
+    ]  # fmt: skip
+
+
+def test_prune_refuses_a_keep_that_is_not_a_count(tmp_path, monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path))
+    for keep in (-1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="must be a whole number"):
+            paths.prune_outputs(keep)

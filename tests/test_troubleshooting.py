@@ -121,7 +121,9 @@ def test_prepared_scripts_run_side_by_side_each_with_its_own_result(build, tmp_p
         "import sys, time\nfrom helpers.launching import save_result\n"
         "start = time.time()\ntime.sleep(2)\nsave_result({'arg': sys.argv[1], 'span': [start, time.time()]})\n"
     )
-    runs = launching.run(*[troubleshooting.prepare_python(script, a, timeout=60) for a in ("off", "on")], show=False)
+    runs = launching.run(
+        *[troubleshooting.prepare_python(script, a, timeout=60) for a in ("off", "on")], show=False
+    )
     off, on = (r.results[0] for r in runs)
     assert (off["arg"], on["arg"]) == ("off", "on")
     assert on["span"][0] < off["span"][1] and off["span"][0] < on["span"][1], "they ran one after the other"
