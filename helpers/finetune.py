@@ -423,9 +423,22 @@ class SftPlan:
 
 
 def batch_split(global_batch: int, nproc: int, per_device_max: int = 4) -> tuple[int, int]:
-    """(per-device batch, gradient accumulation) that give ``global_batch`` over ``nproc`` processes."""
+    """(per-device batch, gradient accumulation) that give ``global_batch`` over ``nproc`` processes.
+
+    Every process takes the same share, per-device batch x accumulation steps, so ``global_batch`` must be
+    a multiple of ``nproc``. When it is not (16 on 3, 5, 6 or 7 GPUs), this stops with one sentence
+    naming the rule and the nearest layouts that follow it: fewer processes, or a global batch one
+    multiple below or above.
+    """
     if global_batch % nproc:
-        raise CourseError(f"GLOBAL_BATCH = {global_batch} cannot be split evenly over {nproc} processes.")
+        fewer = max(n for n in range(1, nproc + 1) if global_batch % n == 0)
+        below = global_batch // nproc * nproc
+        batches = " or ".join(str(b) for b in (below, below + nproc) if b > 0)
+        raise CourseError(
+            f"GLOBAL_BATCH = {global_batch} cannot be split evenly over {nproc} processes: every process "
+            "takes the same share (per-device batch × accumulation steps), so the global batch must be a "
+            f"multiple of the number of processes; set NPROC = {fewer} or GLOBAL_BATCH = {batches}."
+        )
     per_process = global_batch // nproc
     per_device = max(d for d in range(1, min(per_device_max, per_process) + 1) if per_process % d == 0)
     return per_device, per_process // per_device

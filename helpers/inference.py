@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import finetune, models
+from helpers import finetune, models, paths
 from helpers.errors import CourseError
 from helpers.exercises import checker
 
@@ -159,24 +159,49 @@ def read_answers(path, questions) -> list[str]:
     return [by_question[q] for q in questions]
 
 
-def folder_bytes(folder) -> int:
-    """Bytes of every file in ``folder`` and below (links not followed): what copying it takes."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def _folder(folder) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
         raise CourseError(f"{folder} is not a folder.")
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    return folder
+
+
+def folder_bytes(folder) -> int:
+    """Bytes of every file in ``folder`` and below, links followed, each real file once: what copying it takes."""
+    return paths.size_of(_folder(folder))
+
+
+def _is_weight_file(path: Path) -> bool:
+    return path.suffix in WEIGHT_SUFFIXES and path.name != "training_args.bin"
 
 
 def weight_bytes(folder) -> int:
-    """Bytes of the weight files (``*.safetensors``, ``*.bin``) directly in ``folder``."""
-    return sum(
-        p.stat().st_size
-        for p in Path(folder).iterdir()
-        if p.is_file()
-        and not p.is_symlink()
-        and p.suffix in {".safetensors", ".bin"}
-        and p.name != "training_args.bin"
-    )
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``) directly in ``folder``, links followed.
+
+    Stops with one sentence when there is none: a model or adapter folder without weights is incomplete,
+    and its 0 bytes would only turn up later as a division by zero.
+    """
+    folder = _folder(folder)
+    total = sum(size for _, size in paths.real_files(folder, recursive=False, keep=_is_weight_file))
+    if not total:
+        raise CourseError(
+            f"{folder} holds no weight file (*.safetensors or *.bin, links followed); "
+            "give a complete model or adapter folder."
+        )
+    return total
+
+
+def size_ratio(part: float, whole: float, part_name: str = "part", whole_name: str = "whole") -> float:
+    """``part / whole`` for sizes, refusing a whole of 0 bytes (or less) with one sentence."""
+    if whole <= 0:
+        raise CourseError(
+            f"{whole_name} take {whole} bytes, so {part_name} cannot be given as a share of them; "
+            "check that the folder holds its files (a hub cache holds links to them)."
+        )
+    return part / whole
 
 
 # --- logits: base + adapter against the merged model -----------------------------------------------------

@@ -16,6 +16,7 @@ from helpers.errors import CourseError
 PROFILES = ("auto", "cpu", "gpu", "smoke")
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_MISSING = object()  # Profile.pick's gpu= was left out
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,22 @@ class Profile:
     def smoke(self) -> bool:
         return self.name == "smoke"
 
-    def pick(self, cpu, gpu=None, smoke=None):
-        """Choose a value by profile: ``profile.pick(cpu=48, smoke=4, gpu=200)``."""
-        value = {"cpu": cpu, "gpu": gpu, "smoke": smoke}[self.name]
-        return cpu if value is None else value
+    def pick(self, cpu, *, gpu=_MISSING, smoke=None):
+        """Choose a value by profile: ``profile.pick(cpu=48, smoke=4, gpu=200)``.
+
+        ``gpu`` must always be given, even where it equals ``cpu``: left out, a CPU-sized step count,
+        size or timeout would silently run on a GPU. ``smoke`` left out (or None) means the cpu value.
+        """
+        if gpu is _MISSING:
+            raise TypeError(
+                f"profile.pick() was given cpu={cpu!r} but no gpu= value; name the gpu profile's value, even "
+                "when it is the cpu value, so that a CPU-sized value never runs on a GPU unnoticed."
+            )
+        if self.name == "gpu":
+            return gpu
+        if self.name == "smoke" and smoke is not None:
+            return smoke
+        return cpu
 
     def summary(self) -> dict:
         """A plain dict for tables and the run report."""

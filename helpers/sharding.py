@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections import defaultdict
 from unittest import mock
@@ -23,6 +24,7 @@ from unittest import mock
 import torch
 from torch import nn
 
+from helpers.errors import CourseError
 from helpers.exercises import checker, close
 from helpers.parallelism import BF16_MIXED_ADAM, FP32_ADAM, Recipe
 
@@ -241,9 +243,78 @@ def swift_rule_in_source() -> bool:
     return SWIFT_GROUP_RULE in inspect.getsource(patcher)
 
 
+# SWIFT's rule for how many GPUs NPROC_PER_NODE processes may share: swift/utils/env.py, is_mp():
+#     assert n_gpu % local_world_size == 0, f'n_gpu: {n_gpu}, local_world_size: {local_world_size}'
+#     if n_gpu // local_world_size >= 2: return True   # device_map over n_gpu // local_world_size GPUs
+# (skipped only under SWIFT_SINGLE_DEVICE_MODE=1), and is_mp_ddp() in the same file adds DDP on top when
+# there is more than one process. SWIFT calls is_mp() when it picks a CUDA model's device_map
+# (swift/model/utils.py, get_default_device_map), so a count that does not divide stops every rank with an
+# AssertionError before training.
+SWIFT_LAYOUT_SOURCE = "swift/utils/env.py, is_mp() and is_mp_ddp()"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def swift_layout_problem(n_gpu: int, nproc: int) -> str | None:
+    """None when SWIFT accepts ``n_gpu`` visible GPUs for ``NPROC_PER_NODE=nproc``; else one sentence
+    naming its rule (``SWIFT_LAYOUT_SOURCE``) and the nearest layouts it accepts."""
+    if n_gpu % nproc == 0:
+        return None
+    fewer = max(n for n in range(1, min(nproc, n_gpu) + 1) if n_gpu % n == 0)
+    subset = n_gpu // nproc * nproc
+    visible = f" or make only {_gpus(subset)} visible (CUDA_VISIBLE_DEVICES)" if subset else ""
+    return (
+        f"SWIFT refuses {_gpus(n_gpu)} for {nproc} processes per node: its rule (swift/utils/env.py, is_mp) is "
+        f"that the GPU count must be a multiple of NPROC_PER_NODE, so use NPROC_PER_NODE = {fewer}{visible}."
+    )
+
+
 def swift_devices(local_rank: int, n_gpu: int, local_world_size: int) -> list[int]:
-    """The GPUs SWIFT gives one rank under DDP + device_map (its rule, quoted in ``SWIFT_GROUP_RULE``)."""
+    """The GPUs SWIFT gives one rank under DDP + device_map (its rule, quoted in ``SWIFT_GROUP_RULE``).
+
+    Stops with one sentence for a GPU count SWIFT refuses (see :func:`swift_layout_problem`).
+    """
+    problem = swift_layout_problem(n_gpu, local_world_size)
+    if problem:
+        raise CourseError(problem)
     return list(range(local_rank, n_gpu, local_world_size))
+
+
+def mp_ddp_layout(n_gpu: int, nproc: int = 2) -> dict:
+    """The nearest DDP + device_map layout SWIFT accepts for ``nproc`` ranks on ``n_gpu`` visible GPUs.
+
+    SWIFT (``SWIFT_LAYOUT_SOURCE``) needs the GPU count to be a multiple of ``nproc``, and device_map
+    needs at least 2 GPUs per rank. The layout uses the first ``n_gpu // nproc * nproc`` GPUs:
+    ``CUDA_VISIBLE_DEVICES`` for the launch, ``GPUs per rank`` as SWIFT will group them, and ``note``,
+    one sentence saying which GPUs stay idle (None when all are used). Too few GPUs or processes stop with
+    one sentence naming the rule.
+    """
+    if nproc < 2:
+        raise CourseError(
+            f"DDP + device_map needs at least 2 processes (SWIFT's is_mp_ddp in swift/utils/env.py), "
+            f"not NPROC_PER_NODE = {nproc}; with one process SWIFT uses device_map alone."
+        )
+    per_rank = n_gpu // nproc
+    if per_rank < 2:
+        raise CourseError(
+            f"DDP + device_map with {nproc} processes needs at least {2 * nproc} GPUs (2 per process, and "
+            f"SWIFT needs a multiple of NPROC_PER_NODE), and {_gpus(n_gpu)} {'is' if n_gpu == 1 else 'are'} visible."
+        )
+    used = per_rank * nproc
+    note = None
+    if used != n_gpu:
+        note = (
+            f"{n_gpu} GPUs are not a multiple of NPROC_PER_NODE = {nproc} (SWIFT's rule in swift/utils/env.py, "
+            f"is_mp), so DDP + device_map uses the first {used}: {per_rank} per process, {n_gpu - used} idle."
+        )
+    return {
+        "GPUs": used,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(used)),
+        "GPUs per rank": [swift_devices(r, used, nproc) for r in range(nproc)],
+        "note": note,
+    }
 
 
 def swift_grouping(n_gpu: int, nproc: int) -> dict:
@@ -660,8 +731,6 @@ def arithmetic_dataset(folder, rows: int = 16) -> str:
 
 def swift_summary(result) -> dict:
     """From a finished ``swift sft`` launch: its final train_loss, and how many ranks printed the summary."""
-    import re
-
     summaries = [ln for ln in result.lines if "'train_runtime'" in ln]
     losses = [
         float(m.group(1)) for ln in summaries for m in [re.search(r"'train_loss': '?([0-9.]+)", ln)] if m
@@ -671,6 +740,14 @@ def swift_summary(result) -> dict:
         "ranks printing the summary": len(summaries),
         "seconds": round(result.seconds, 1),
     }
+
+
+# Rank 0's ZeRO optimizer states, as DeepSpeed names them: deepspeed/runtime/engine.py,
+# DeepSpeedEngine._get_zero_ckpt_name -> _get_rank_zero_ckpt_name -> _get_zero_ckpt_prefix gives
+# f'{"bf16_" if bf16_mode else ""}zero_pp_rank_{dp_rank}' + f"_mp_rank_{mp_rank:02d}_optim_states.pt", so a bf16
+# run writes bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt. DeepSpeed's own reader
+# (deepspeed/checkpoint/reshape_utils.py, get_zero_files) also accepts the fp16_ prefix.
+ZERO_RANK0 = re.compile(r"(?:bf16_|fp16_)?zero_pp_rank_0_mp_rank_\d+_optim_states\.pt")
 
 
 def saved_shards(output_dir) -> dict:
@@ -685,7 +762,9 @@ def saved_shards(output_dir) -> dict:
     if not checkpoints:
         return {"checkpoint": None}
     last = checkpoints[-1]
-    zero = sorted(last.rglob("zero_pp_rank_0_*optim_states.pt"))
+    zero = sorted(
+        p for p in last.rglob("*zero_pp_rank_0_mp_rank_*_optim_states.pt") if ZERO_RANK0.fullmatch(p.name)
+    )
     if zero:
         state = torch.load(zero[0], map_location="cpu", weights_only=False)["optimizer_state_dict"]
         counts = state.get("partition_count")

@@ -204,6 +204,29 @@ def test_batch_split_refuses_an_uneven_split():
         finetune.batch_split(5, 2)
 
 
+@pytest.mark.parametrize("per_device_max", [1, 4])
+@pytest.mark.parametrize("gpus", range(1, 9))
+def test_batch_split_of_16_on_1_to_8_gpus_splits_or_names_the_rule(gpus, per_device_max):
+    """The gpu profile's GLOBAL_BATCH 16, one process per GPU: a split, or one sentence naming the rule."""
+    if 16 % gpus == 0:
+        per_device, accum = finetune.batch_split(16, gpus, per_device_max)
+        assert per_device * gpus * accum == 16 and per_device <= per_device_max
+        return
+    with pytest.raises(CourseError) as info:
+        finetune.batch_split(16, gpus, per_device_max)
+    message = str(info.value)
+    assert message.endswith(".") and "\n" not in message and ". " not in message, message
+    assert "GLOBAL_BATCH = 16" in message and "must be a multiple of the number of processes" in message, (
+        message
+    )
+    fewer = {3: 2, 5: 4, 6: 4, 7: 4}[gpus]
+    below = 16 // gpus * gpus
+    assert f"NPROC = {fewer}" in message and f"GLOBAL_BATCH = {below} or {below + gpus}" in message, message
+    for batch, nproc in [(16, fewer), (below, gpus), (below + gpus, gpus)]:  # every layout it names works
+        per_device, accum = finetune.batch_split(batch, nproc, per_device_max)
+        assert per_device * nproc * accum == batch
+
+
 # --- SWIFT's logs ---------------------------------------------------------------------------------
 
 

@@ -160,6 +160,51 @@ def test_sizes_on_disk(tmp_path):
         inference.folder_bytes(tmp_path / "nothing")
 
 
+def hub_cache_snapshot(root):
+    """A folder laid out like a hub cache: the snapshot holds only links into blobs/ (two to one blob)."""
+    blobs, snapshot = root / "blobs", root / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    (snapshot / "sub").mkdir(parents=True)
+    for name, size in {"w1": 1000, "w2": 600, "config": 50, "tok": 7}.items():
+        (blobs / name).write_bytes(b"x" * size)
+    (snapshot / "model-00001-of-00002.safetensors").symlink_to(blobs / "w1")
+    (snapshot / "model-00002-of-00002.safetensors").symlink_to("../../blobs/w2")  # relative, as the hub links
+    (snapshot / "config.json").symlink_to(blobs / "config")
+    (snapshot / "sub" / "tokenizer.json").symlink_to(blobs / "tok")
+    (snapshot / "also-config.json").symlink_to(blobs / "config")  # the same real file twice: counted once
+    (snapshot / "broken.bin").symlink_to(blobs / "missing")  # a dangling link holds nothing
+    return snapshot
+
+
+def test_sizes_follow_links_into_a_hub_cache(tmp_path):
+    snapshot = hub_cache_snapshot(tmp_path)
+    assert inference.weight_bytes(snapshot) == 1600
+    assert inference.folder_bytes(snapshot) == 1600 + 50 + 7
+    assert (
+        inference.size_ratio(160, inference.weight_bytes(snapshot), "adapter weights", "base weights") == 0.1
+    )
+
+
+def test_a_zero_size_is_refused_in_one_sentence(tmp_path):
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "training_args.bin").write_bytes(b"t" * 10)  # not a weight file
+    for call in (
+        lambda: inference.weight_bytes(folder),
+        lambda: inference.size_ratio(5, 0, "adapter weights", "base model weights"),
+        lambda: inference.weight_bytes(tmp_path / "nothing"),
+    ):
+        with pytest.raises(CourseError) as info:
+            call()
+        message = str(info.value)
+        assert message.endswith(".") and "\n" not in message and ". " not in message, message
+    with pytest.raises(CourseError, match="no weight file"):
+        inference.weight_bytes(folder)
+    with pytest.raises(CourseError, match="base model weights take 0 bytes"):
+        inference.size_ratio(5, 0, "adapter weights", "base model weights")
+
+
 # --- logits and streaming on the tiny model ---------------------------------------------------------------
 
 

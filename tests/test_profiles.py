@@ -1,5 +1,9 @@
 """Profiles: good values resolve, every bad value stops with one sentence naming the parameter."""
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from helpers import profiles
@@ -34,9 +38,72 @@ def test_environment_forces_auto(monkeypatch):
     assert profiles.resolve("cpu").name == "cpu"  # an explicit choice wins
 
 
-def test_pick_by_profile():
-    assert profiles.resolve("smoke").pick(cpu=48, smoke=4) == 4
-    assert profiles.resolve("cpu").pick(cpu=48, smoke=4) == 48
+def test_pick_by_profile(monkeypatch):
+    assert profiles.resolve("smoke").pick(cpu=48, smoke=4, gpu=200) == 4
+    assert profiles.resolve("cpu").pick(cpu=48, smoke=4, gpu=200) == 48
+    assert profiles.resolve("cpu").pick(cpu=48, gpu=200) == 48
+    assert profiles.resolve("smoke").pick(cpu=48, gpu=200) == 48  # no smoke value: smoke runs the cpu value
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 1)
+    assert profiles.resolve("gpu").pick(cpu=48, smoke=4, gpu=200) == 200
+
+
+@pytest.mark.parametrize("name", ["cpu", "smoke", "gpu"])
+def test_pick_without_a_gpu_value_is_an_error_on_every_profile(name, monkeypatch):
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 1)
+    with pytest.raises(TypeError) as info:
+        profiles.resolve(name).pick(cpu=48, smoke=4)
+    message = str(info.value)
+    assert one_sentence(message), message
+    assert "gpu=" in message and "cpu value" in message, message
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pick_calls(source: str):
+    """The argument text of every ``.pick(...)`` call in ``source`` (parentheses balanced)."""
+    for match in re.finditer(r"\.pick\(", source):
+        depth, end = 1, match.end()
+        while depth and end < len(source):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            end += 1
+        yield source[match.end() : end - 1]
+
+
+def _picks_without_gpu(source: str) -> list[str]:
+    return [
+        " ".join(args.split())
+        for args in _pick_calls(source)
+        if re.search(r"\bcpu\s*=", args) and not re.search(r"\bgpu\s*=", args)
+    ]
+
+
+def test_the_scan_sees_a_pick_without_gpu():
+    assert _picks_without_gpu("x = profile.pick(\n    cpu=4,\n    smoke=(1, 2),\n)") == [
+        "cpu=4, smoke=(1, 2),"
+    ]
+    assert _picks_without_gpu("x = profile.pick(cpu=f(1), gpu=g(2))") == []
+
+
+def test_every_pick_names_its_gpu_value():
+    """A pick without gpu= would run a CPU-sized value on the gpu profile: every notebook and helper names it."""
+    sources, missing = 0, []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for index, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            sources += ".pick(" in source
+            missing += [
+                f"{path.name} cell {index} ({cell.get('id')}): .pick({a})" for a in _picks_without_gpu(source)
+            ]
+    for path in sorted((ROOT / "helpers").glob("*.py")):
+        missing += [
+            f"helpers/{path.name}: .pick({a})" for a in _picks_without_gpu(path.read_text(encoding="utf-8"))
+        ]
+    assert sources >= 9, "the scan found too few cells with picks: has the notebook format changed?"
+    assert not missing, "picks without a gpu= value:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers import parallelism, sharding
+from helpers.errors import CourseError
 from helpers.exercises import check
 
 P = 1000
@@ -136,6 +137,58 @@ def test_swift_grouping_uses_swift_rules():
     assert "refused" in sharding.swift_grouping(6, 4)["GPUs per rank"][0]
 
 
+def one_sentence(message: str) -> bool:
+    return message.endswith(".") and "\n" not in message and message.count(". ") == 0
+
+
+@pytest.mark.parametrize("nproc", range(1, 9))
+@pytest.mark.parametrize("n_gpu", range(1, 9))
+def test_swift_layout_rule_on_1_to_8_gpus(n_gpu, nproc):
+    """The helpers refuse exactly what SWIFT's own is_mp() refuses, in one sentence naming the rule."""
+    row = sharding.swift_grouping(n_gpu, nproc)  # SWIFT's own functions decide here
+    swift_refuses = isinstance(row["GPUs per rank"][0], str)
+    assert swift_refuses == (n_gpu % nproc != 0)
+    if swift_refuses:
+        with pytest.raises(CourseError) as info:
+            sharding.swift_devices(0, n_gpu, nproc)
+        message = str(info.value)
+        assert one_sentence(message), message
+        assert "multiple of NPROC_PER_NODE" in message and "swift/utils/env.py" in message, message
+        assert message == sharding.swift_layout_problem(n_gpu, nproc)
+        fewer = max(n for n in range(1, nproc + 1) if n_gpu % n == 0)
+        assert f"NPROC_PER_NODE = {fewer}" in message, message
+        assert sharding.swift_layout_problem(n_gpu, fewer) is None  # the layout it names is one SWIFT accepts
+        return
+    assert sharding.swift_layout_problem(n_gpu, nproc) is None
+    groups = [sharding.swift_devices(r, n_gpu, nproc) for r in range(nproc)]
+    assert groups == row["GPUs per rank"]
+    assert sorted(g for group in groups for g in group) == list(range(n_gpu))  # every GPU once
+    assert {len(group) for group in groups} == {n_gpu // nproc}  # the same share for every rank
+
+
+@pytest.mark.parametrize("n_gpu", range(1, 9))
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_mp_ddp_layout_picks_the_nearest_layout_swift_accepts(n_gpu, nproc):
+    if nproc < 2 or n_gpu < 2 * nproc:
+        with pytest.raises(CourseError) as info:
+            sharding.mp_ddp_layout(n_gpu, nproc)
+        message = str(info.value)
+        assert one_sentence(message) and "DDP + device_map" in message, message
+        assert ("at least 2 processes" if nproc < 2 else f"at least {2 * nproc} GPUs") in message, message
+        return
+    layout = sharding.mp_ddp_layout(n_gpu, nproc)
+    used = n_gpu // nproc * nproc
+    assert layout["GPUs"] == used and layout["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(used)))
+    swift = sharding.swift_grouping(used, nproc)  # SWIFT's own is_mp / is_mp_ddp on the chosen GPUs
+    assert swift["DDP + device_map (is_mp_ddp)"] is True
+    assert layout["GPUs per rank"] == swift["GPUs per rank"]
+    if used == n_gpu:
+        assert layout["note"] is None
+    else:
+        note = layout["note"]
+        assert one_sentence(note) and f"first {used}" in note and "multiple of NPROC_PER_NODE" in note, note
+
+
 def test_curves_agree():
     assert sharding.curves_agree({"a": [1.0, 0.5], "b": [1.0, 0.50001]}, 1e-4) == (True, pytest.approx(1e-5))
     assert not sharding.curves_agree({"a": [1.0], "b": [1.1]}, 1e-4)[0]
@@ -143,6 +196,29 @@ def test_curves_agree():
 
 def test_saved_shards_without_checkpoint(tmp_path):
     assert sharding.saved_shards(tmp_path) == {"checkpoint": None}
+
+
+def fake_zero_checkpoint(output_dir, prefix: str, ranks: int, partition_count):
+    """A checkpoint folder laid out as DeepSpeed writes one: ``global_step*/{prefix}zero_pp_rank_R_mp_rank_00_*``."""
+    step = output_dir / "checkpoint-2" / "global_step2"
+    step.mkdir(parents=True)
+    for rank in range(ranks):
+        state = {"optimizer_state_dict": {"partition_count": partition_count}, "ds_version": "0.0"}
+        torch.save(state, step / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+        (step / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt").write_bytes(b"")  # ZeRO-3 names these so
+    return step
+
+
+@pytest.mark.parametrize("prefix", ["", "bf16_"])
+@pytest.mark.parametrize("ranks, partition_count", [(2, [2]), (4, [4, 4]), (3, 3)])
+def test_saved_shards_reads_plain_and_bf16_zero_shards(tmp_path, prefix, ranks, partition_count):
+    """DeepSpeed in bf16 names its shards bf16_zero_pp_rank_*; both names are ZeRO shards."""
+    fake_zero_checkpoint(tmp_path, prefix, ranks, partition_count)
+    assert sharding.saved_shards(tmp_path) == {
+        "checkpoint": "checkpoint-2",
+        "kind": "DeepSpeed ZeRO",
+        "ranks sharded over": ranks,
+    }
 
 
 def test_checkers():
