@@ -57,6 +57,13 @@ def test_reads_as_a_lesson(notebook):
     assert any(source(c).startswith("# NBVAL_CHECK_OUTPUT") for c in code_cells(notebook))
 
 
+def test_records_metrics_for_the_run_report(notebook):
+    """Every lesson puts its key facts in the run report (the runner collects them the same way)."""
+    from helpers import report
+
+    assert len(report.collect(notebook)) >= 3
+
+
 def test_no_path_plumbing_in_lessons(notebook):
     for cell in code_cells(notebook):
         assert "sys.path" not in source(cell)

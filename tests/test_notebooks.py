@@ -1,4 +1,8 @@
-"""The notebooks under papermill: the whole course on smoke, bad parameters, a failing notebook."""
+"""The runner and papermill: a run and its report, bad parameters, a failing notebook, Ctrl-C.
+
+The whole course on smoke is executed once, by nbval (`make notebooks`), not here a second time: the
+runner's own work (order, report, pages, failures, interrupts) is checked on small notebooks made here.
+"""
 
 import json
 import subprocess
@@ -19,39 +23,6 @@ def parameters_of(notebook):
     nb = nbformat.read(notebook, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     return cell.source
-
-
-def test_the_course_runs_on_smoke_and_reports(tmp_path):
-    build = tmp_path / "build"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "helpers.runner",
-            "run",
-            "--profile",
-            "smoke",
-            "--build",
-            str(build),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads((build / "report.json").read_text())
-    assert report["profile"] == "smoke"
-    assert [n["name"] for n in report["notebooks"]] == [nb.stem for nb in NOTEBOOKS]
-    for entry in report["notebooks"]:
-        assert entry["status"] == "passed", entry
-        assert entry["seconds"] > 0 and entry["peak_memory_mb"] > 0
-        assert entry["metrics"], f"{entry['name']} recorded no metrics"
-        assert (build / "html" / f"{entry['name']}.html").is_file()
-    index = (build / "index.html").read_text()
-    positions = [index.index(f"html/{nb.stem}.html") for nb in NOTEBOOKS]
-    assert positions == sorted(positions), "index.html must list the notebooks in course order"
-    assert "Report:" in done.stdout and str(build / "report.md") in done.stdout
 
 
 def run_with(notebook, tmp_path, **parameters):
@@ -107,6 +78,33 @@ def mini_notebook(path, fails: bool):
     if fails:
         nb.cells.append(new_code_cell("values = [1, 2]\ntotal = values[5]"))
     nbformat.write(nb, path)
+
+
+def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capsys):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    names = ["01_first", "02_second", "10_tenth"]
+    for name in reversed(names):  # written in reverse: the order must come from the numbers
+        mini_notebook(lessons / f"{name}.ipynb", fails=False)
+    monkeypatch.setattr(paths, "NOTEBOOKS", lessons)
+    build = tmp_path / "build"
+    assert runner.run_course("smoke", build=build, progress=False) == 0
+    report = json.loads((build / "report.json").read_text())
+    assert report["profile"] == "smoke"
+    assert [n["name"] for n in report["notebooks"]] == names
+    for entry in report["notebooks"]:
+        assert entry["status"] == "passed", entry
+        assert entry["seconds"] > 0 and entry["peak_memory_mb"] > 0
+        assert [m["name"] for m in entry["metrics"]] == ["answer"]
+        assert (build / "html" / f"{entry['name']}.html").is_file()
+        assert (build / "executed" / f"{entry['name']}.ipynb").is_file()
+    index = (build / "index.html").read_text()
+    positions = [index.index(f"html/{name}.html") for name in names]
+    assert positions == sorted(positions), "index.html must list the notebooks in course order"
+    out = capsys.readouterr().out
+    assert f"Report: {build / 'report.md'}" in out
+    assert "Outputs: " in out and "make prune KEEP=2" in out
+    assert "| answer | 42 |" in (build / "report.md").read_text()
 
 
 def test_a_failing_notebook_fails_the_run_and_is_named_with_its_cell(tmp_path, monkeypatch, capsys):
