@@ -4,8 +4,10 @@ ONLY ?=
 BIN := .venv/bin
 LAB_PORT ?= 8888
 KEEP ?=
+DRY ?=
+GPU_PYTHON ?= python3
 
-.PHONY: help setup run test lint unit notebooks lab refresh clean prune
+.PHONY: help setup run test lint unit notebooks lab refresh clean prune gpu-check
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
@@ -13,6 +15,7 @@ help:
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
+	@echo "make gpu-check  the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
 
 setup:
@@ -51,3 +54,13 @@ clean:
 
 prune: setup
 	@$(BIN)/python -m helpers.runner prune --keep "$(KEEP)"
+
+# On a GPU machine the image's own torch is used: GPU_PYTHON is its python, with the course's other
+# packages installed beside it (README: "On GPUs"); DRY=1 needs no GPU and runs in CI.
+gpu-check:
+ifeq ($(DRY),1)
+	@$(MAKE) --no-print-directory setup
+	@$(BIN)/python -m helpers.runner gpu-check --dry
+else
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.runner gpu-check
+endif

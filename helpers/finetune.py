@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 import urllib.error
@@ -162,7 +163,9 @@ class Chat:
     loaded through SWIFT (as ``swift infer --adapters path`` would). ``close()`` frees the model.
     """
 
-    def __init__(self, info: models.ModelInfo, device: str = "cpu", adapter=None, max_batch_size: int = 32):
+    def __init__(
+        self, info: models.ModelInfo, device: str = "cpu", adapter=None, max_batch_size: int = 32, system=None
+    ):
         import torch
         from swift import TransformersEngine
 
@@ -171,6 +174,7 @@ class Chat:
             check_adapter(adapter)
             adapters = [str(Path(adapter).resolve())]
         self.info, self.adapter = info, adapter
+        self.system = system  # the system prompt of every question: the one the model was trained with
         self.engine = TransformersEngine(
             info.path,
             adapters=adapters,
@@ -186,8 +190,9 @@ class Chat:
 
         if self.engine is None:
             raise CourseError("this Chat was closed; create a new one.")
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
         replies = self.engine.infer(
-            [InferRequest(messages=[{"role": "user", "content": q}]) for q in questions],
+            [InferRequest(messages=[*system, {"role": "user", "content": q}]) for q in questions],
             RequestConfig(max_tokens=max_tokens, temperature=0),
             use_tqdm=False,
         )
@@ -341,7 +346,7 @@ class SftPlan:
     output_dir: Path
     model_name: tuple
     model_author: tuple
-    steps: int
+    steps: int | None  # optimizer steps (--max_steps); None: train ``epochs`` epochs instead
     per_device_batch: int
     grad_accum: int = 1
     nproc: int = 1
@@ -352,7 +357,15 @@ class SftPlan:
     device: str = "cpu"
     gradient_checkpointing: bool = False
     seed: int = 42
+    dtype: str | None = None  # weights' dtype; None: float32 on the CPU, bfloat16 on a GPU
+    system: str | None = None  # the system prompt; None: the template's own default
+    epochs: int | None = None  # --num_train_epochs, used when ``steps`` is None
+    warmup_ratio: float = 0.0  # share of the steps over which the learning rate ramps up
     extra: dict = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self) -> str:
+        return self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
 
     @property
     def global_batch(self) -> int:
@@ -374,7 +387,6 @@ class SftPlan:
             dataset=[str(d) for d in self.datasets],
             model_name=list(self.model_name),
             model_author=list(self.model_author),
-            max_steps=self.steps,
             per_device_train_batch_size=self.per_device_batch,
             gradient_accumulation_steps=self.grad_accum,
             learning_rate=self.learning_rate,
@@ -389,12 +401,25 @@ class SftPlan:
             disable_tqdm=True,
             seed=self.seed,
         )
+        if self.steps is not None:
+            opts["max_steps"] = self.steps
+        elif self.epochs:
+            opts["num_train_epochs"] = self.epochs
+        else:
+            raise CourseError(
+                "an SftPlan needs steps (--max_steps) or epochs (--num_train_epochs); it has neither."
+            )
+        if self.warmup_ratio:
+            opts["warmup_ratio"] = self.warmup_ratio
+        if self.system is not None:
+            opts["system"] = self.system  # the same prompt must be used when the model is asked later
+        opts["torch_dtype"] = self.torch_dtype
         if self.device == "cpu":
             # use_cpu: without it, transformers sets up no DDP on a machine without a GPU, and every
             # rank trains alone on its share of the data, each believing it is rank 0
-            opts.update(torch_dtype="float32", fp16=False, bf16=False, use_cpu=True)
-        else:
-            opts.update(torch_dtype="bfloat16")
+            opts["use_cpu"] = True
+            if self.torch_dtype == "float32":  # no mixed precision switching itself on
+                opts.update(fp16=False, bf16=False)
         if self.nproc > 1:
             opts["ddp_backend"] = "gloo" if self.device == "cpu" else "nccl"
             opts["ddp_find_unused_parameters"] = False  # LoRA uses every trainable parameter
@@ -442,6 +467,100 @@ def batch_split(global_batch: int, nproc: int, per_device_max: int = 4) -> tuple
     per_process = global_batch // nproc
     per_device = max(d for d in range(1, min(per_device_max, per_process) + 1) if per_process % d == 0)
     return per_device, per_process // per_device
+
+
+# --- the seed's recipe: the gpu profile's run, on 1 to 8 GPUs ---------------------------------------
+
+# SWIFT's self-cognition best practice for Qwen2.5-7B-Instruct on one 24 GB GPU (the seed links to it):
+# hub data, one epoch, LoRA rank 8 / alpha 32 on every linear layer, lr 1e-4 with 5% warm-up,
+# per-device batch 1 accumulated to a global batch of 16, sequences up to 2048 tokens, bf16 weights,
+# gradient checkpointing on, an explicit system prompt.
+HUB_DATASETS = (
+    "AI-ModelScope/alpaca-gpt4-data-zh#500",
+    "AI-ModelScope/alpaca-gpt4-data-en#500",
+    "swift/self-cognition#500",
+)
+SYSTEM = "You are a helpful assistant."  # used in training and in every question asked afterwards
+SEED_GLOBAL_BATCH = 16
+DATASET_CHOICES = ("hub", "course")  # DATASETS = "hub": the seed's mix; "course": data/ in this repository
+
+
+def choose_datasets(value, profile) -> str:
+    """``DATASETS``: "hub" (the seed's mix, downloaded) or "course" (data/ here); None: hub on gpu only."""
+    from helpers.profiles import check_choice
+
+    chosen = value if value is not None else ("hub" if profile.name == "gpu" else "course")
+    check_choice("DATASETS", chosen, DATASET_CHOICES)
+    if chosen == "hub" and profile.name != "gpu":
+        raise CourseError(
+            f"DATASETS = 'hub' downloads the seed's 1,500 rows, which only the gpu profile trains on; "
+            f"on {profile.name} choose 'course' or None."
+        )
+    return chosen
+
+
+def nearest_accumulation(global_batch: int, nproc: int, per_device: int = 1) -> tuple[int, str | None]:
+    """Accumulation steps that bring ``nproc`` processes closest to ``global_batch``, and a sentence when
+    the global batch had to change (16 does not divide over 3, 5, 6 or 7 GPUs)."""
+    share = per_device * nproc
+    low = max(1, global_batch // share)
+    accum = min((low, low + 1), key=lambda a: (abs(a * share - global_batch), a))
+    got = accum * share
+    if got == global_batch:
+        return accum, None
+    return accum, (
+        f"a global batch of {global_batch} does not divide over {nproc} processes × {per_device} per device, "
+        f"so each process accumulates {accum} steps: a global batch of {got}, the nearest possible."
+    )
+
+
+def seed_recipe(
+    model,
+    nproc: int,
+    *,
+    output_dir,
+    model_name,
+    model_author,
+    datasets=HUB_DATASETS,
+    device: str = "cuda",
+    steps: int | None = None,
+) -> tuple[SftPlan, str | None]:
+    """The seed's ``swift sft`` on ``nproc`` GPUs (one epoch unless ``steps`` is given), and the sentence
+    :func:`nearest_accumulation` says when the global batch of 16 had to change."""
+    accum, note = nearest_accumulation(SEED_GLOBAL_BATCH, nproc)
+    plan = SftPlan(
+        model=model,
+        datasets=tuple(datasets),
+        output_dir=Path(output_dir),
+        model_name=tuple(model_name),
+        model_author=tuple(model_author),
+        steps=steps,
+        epochs=1,
+        per_device_batch=1,
+        grad_accum=accum,
+        nproc=nproc,
+        learning_rate=1e-4,
+        lora_rank=8,
+        lora_alpha=32,
+        max_length=2048,
+        device=device,
+        dtype="bfloat16",
+        gradient_checkpointing=True,
+        system=SYSTEM,
+        warmup_ratio=0.05,
+    )
+    return plan, note
+
+
+def shell_command(plan: SftPlan, subcommand: str = "sft") -> str:
+    """The run as a shell command to copy: its environment, ``swift sft``, one option per line."""
+    env = dict(plan.env())
+    if plan.nproc > 1:
+        env["NPROC_PER_NODE"] = str(plan.nproc)
+    lines = [(" ".join(f"{k}={v}" for k, v in env.items()) + f" swift {subcommand}").strip()]
+    for key, value in plan.options().items():
+        lines.append(f"    --{key} " + " ".join(shlex.quote(v) for v in _flag_value(value)))
+    return " \\\n".join(lines)
 
 
 # --- SWIFT's logs: logging.jsonl (and trainer_state.json) as curves -----------------------------------

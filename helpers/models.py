@@ -32,6 +32,7 @@ MANIFEST = "course-model.json"
 SMOLLM2_DIR = "SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOKE_DIR = "tiny-llama-smoke"
+TINY_QWEN2_DIR = "tiny-qwen2-bf16"
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -229,10 +230,10 @@ _CORPUS = [
 ]
 
 
-def _build_tiny_llama(out: Path) -> None:
-    import torch
+def _tiny_tokenizer():
+    """A byte-level BPE tokenizer trained here on a few lines, with ChatML's special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
@@ -245,7 +246,7 @@ def _build_tiny_llama(out: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
         eos_token="<|im_end|>",
@@ -253,20 +254,32 @@ def _build_tiny_llama(out: Path) -> None:
         unk_token="<|endoftext|>",
         chat_template=CHATML,
     )
-    torch.manual_seed(0)
-    config = LlamaConfig(
+
+
+def _tiny_shape(tokenizer, max_positions: int) -> dict:
+    """The config both tiny models share: 2 layers, 64 wide, 4 heads over 2 key-value heads."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def _build_tiny_llama(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _tiny_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(**_tiny_shape(tokenizer, 1024))
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
@@ -283,6 +296,37 @@ def tiny_llama(force: bool = False) -> ModelInfo:
         source="built by helpers.models.tiny_llama (random init, BPE tokenizer trained here)",
         model_type="llama",
         template="chatml",
+    )
+
+
+def _build_tiny_qwen2(out: Path) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = _tiny_tokenizer()
+    torch.manual_seed(0)
+    # the seed's recipe allows 2048-token sequences
+    config = Qwen2Config(**_tiny_shape(tokenizer, 4096), torch_dtype="bfloat16")
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # saved in bf16, as Qwen2.5's weights are
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def tiny_qwen2(force: bool = False) -> ModelInfo:
+    """A 2-layer, 64-wide random Qwen2 in bfloat16: Qwen2.5's architecture and SWIFT template, no download.
+
+    The gpu profile's shape without its 15 GB: SWIFT drives it as ``--model_type qwen2 --template qwen2_5``
+    (in ms-swift 4.x Qwen2.5's model type is ``qwen2``; ``qwen2_5`` is its template).
+    """
+    target = paths.models_dir() / TINY_QWEN2_DIR
+    build_once(target, _build_tiny_qwen2, force=force, log=lambda *_: None)
+    return ModelInfo(
+        name="tiny-qwen2 (random weights, bf16)",
+        path=str(target),
+        source="built by helpers.models.tiny_qwen2 (random init, BPE tokenizer trained here)",
+        model_type="qwen2",
+        template="qwen2_5",
     )
 
 
@@ -304,9 +348,29 @@ def from_modelscope(model_id: str) -> ModelInfo:
     return ModelInfo(name=model_id, path=path, source=f"ModelScope {model_id}")
 
 
+# The course's own model directories, and what SWIFT must be told about them: their architectures are
+# shared by several SWIFT model types (Qwen2ForCausalLM: qwen2 and qwen2_gte), so SWIFT cannot infer one.
+_COURSE_MODELS = {
+    SMOLLM2_DIR: ("llama", "chatml"),
+    SMOKE_DIR: ("llama", "chatml"),
+    TINY_QWEN2_DIR: ("qwen2", "qwen2_5"),
+}
+
+
 def local(path: str) -> ModelInfo:
-    """A model directory the learner named with MODEL; SWIFT infers its type from config.json."""
-    return ModelInfo(name=Path(path).name, path=str(path), source=f"local directory {path}")
+    """A model directory the learner named with MODEL; SWIFT infers its type from config.json, except for
+    the course's own models, whose type and template are known here."""
+    folder = Path(path)
+    model_type, template = (
+        _COURSE_MODELS.get(folder.name, (None, None)) if (folder / MANIFEST).is_file() else (None, None)
+    )
+    return ModelInfo(
+        name=folder.name,
+        path=str(path),
+        source=f"local directory {path}",
+        model_type=model_type,
+        template=template,
+    )
 
 
 def provide(profile) -> ModelInfo:
@@ -352,15 +416,16 @@ def chat(model, tokenizer, question: str, max_new_tokens: int = 64) -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m helpers.models cpu|smoke [--force]``: make a model available from a shell."""
+    """``python -m helpers.models cpu|smoke|tiny-qwen2 [--force]``: make a model available from a shell."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("which", choices=["cpu", "smoke"])
+    parser.add_argument("which", choices=["cpu", "smoke", "tiny-qwen2"])
     parser.add_argument("--force", action="store_true", help="rebuild even if complete")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    info = smollm2(args.force) if args.which == "cpu" else tiny_llama(args.force)
+    build = {"cpu": smollm2, "smoke": tiny_llama, "tiny-qwen2": tiny_qwen2}[args.which]
+    info = build(args.force)
     print(f"{info.name} ready in {info.path} ({time.perf_counter() - start:.1f} s)")
 
 

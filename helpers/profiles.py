@@ -17,6 +17,9 @@ PROFILES = ("auto", "cpu", "gpu", "smoke")
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _MISSING = object()  # Profile.pick's gpu= was left out
+# Tests only: PROFILE = "gpu" without a GPU runs the gpu recipe (picks, dtype, templates, file names) on the
+# CPU over gloo, so that everything but CUDA and nccl is exercised where no GPU exists.
+GPU_SHAPE_ON_CPU = "COURSE_GPU_SHAPE_ON_CPU"
 
 
 @dataclass(frozen=True)
@@ -146,22 +149,28 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
     check_choice("PROFILE", profile, PROFILES)
     gpus = count_gpus()
     name, reason = _choose(profile, gpus)
-    if name == "gpu" and not gpus:
+    stand_in = name == "gpu" and not gpus and os.environ.get(GPU_SHAPE_ON_CPU) == "1"
+    if name == "gpu" and not gpus and not stand_in:
         raise CourseError(
             "PROFILE = 'gpu' needs a CUDA GPU and none is visible here; choose 'cpu', 'smoke' or 'auto'."
         )
+    if stand_in:
+        reason += (
+            f"; no GPU here, so it runs in its gpu shape on the CPU ({GPU_SHAPE_ON_CPU}=1: gloo, no CUDA)"
+        )
     if nproc is None:
-        nproc = gpus if name == "gpu" else 2
-    elif name == "gpu":
+        nproc = gpus if name == "gpu" and not stand_in else 2
+    elif name == "gpu" and not stand_in:
         check_int("NPROC", nproc, 1, gpus)
     else:
         check_int("NPROC", nproc, 1)
+    on_cuda = name == "gpu" and not stand_in
     return Profile(
         name=name,
         requested=profile,
         reason=reason,
-        device="cuda" if name == "gpu" else "cpu",
-        backend="nccl" if name == "gpu" else "gloo",
+        device="cuda" if on_cuda else "cpu",
+        backend="nccl" if on_cuda else "gloo",
         nproc=nproc,
         gpus=gpus,
         model=_check_model(model, name),

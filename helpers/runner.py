@@ -22,7 +22,10 @@ import psutil
 
 from helpers import paths, report
 
-CELL_TIMEOUT = 1200  # seconds; launches inside a cell have their own, shorter timeouts
+# Seconds one cell may run, by profile: longer than the longest launch timeout a cell gives on that profile
+# (notebook 06: 600 s on cpu, 240 s on smoke, 3600 s on gpu), so that a launch's own timeout, which
+# names the job and prints its last lines, always fires first.
+CELL_TIMEOUT = {"cpu": 1200, "smoke": 600, "gpu": 7200}
 # Wall-time budgets in seconds per notebook number and profile; the report compares against them.
 BUDGETS = {
     "01": {"cpu": 120, "smoke": 30},
@@ -104,7 +107,13 @@ def _first_code_line(source: str) -> str:
     return source.strip().splitlines()[0] if source.strip() else ""
 
 
-def execute(notebook: Path, out: Path, parameters: dict, progress: bool = True) -> NotebookRun:
+def execute(
+    notebook: Path,
+    out: Path,
+    parameters: dict,
+    progress: bool = True,
+    cell_timeout: int = CELL_TIMEOUT["cpu"],
+) -> NotebookRun:
     """Run one notebook with papermill (kernel working directory: notebooks/)."""
     import nbformat
     import papermill as pm
@@ -122,7 +131,7 @@ def execute(notebook: Path, out: Path, parameters: dict, progress: bool = True) 
                 cwd=str(paths.NOTEBOOKS),
                 kernel_name="python3",
                 progress_bar=progress,
-                execution_timeout=CELL_TIMEOUT,
+                execution_timeout=cell_timeout,
             )
             run.status = "passed"
         except pm.PapermillExecutionError as exc:
@@ -331,7 +340,11 @@ def _provide_model(profile: str) -> str:
     return f"{info.name} {'reused' if reused else f'converted in {took:.0f} s'} ({info.path})"
 
 
-def run_course(profile: str = "auto", only=None, build: Path | None = None, progress: bool = True) -> int:
+def run_course(
+    profile: str = "auto", only=None, build: Path | None = None, progress: bool = True, parameters_for=None
+) -> int:
+    """Execute the notebooks into ``build``; ``parameters_for(notebook)``, when given, sets each one's
+    parameters (``make gpu-check``); otherwise only PROFILE is passed. Returns the exit status."""
     build = Path(build or paths.build_dir()).resolve()
     build.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_BUILD_DIR"] = str(build)  # the notebooks' own outputs go there too
@@ -353,7 +366,8 @@ def run_course(profile: str = "auto", only=None, build: Path | None = None, prog
         out = build / "executed" / notebook.name
         started_at = time.perf_counter()
         try:
-            run = execute(notebook, out, parameters, progress)
+            given = parameters_for(notebook) if parameters_for else parameters
+            run = execute(notebook, out, given, progress, CELL_TIMEOUT[chosen])
         except KeyboardInterrupt:
             interrupted = _interrupted(notebook, out, time.perf_counter() - started_at)
             runs.append(interrupted)
@@ -416,7 +430,7 @@ def refresh(only=None) -> int:
     status = 0
     for notebook in course_notebooks(only):
         print(f"Refreshing {notebook.name} ...", flush=True)
-        run = execute(notebook, build / notebook.name, {}, progress=True)
+        run = execute(notebook, build / notebook.name, {}, progress=True)  # the cpu profile's cell timeout
         if run.status != "passed":
             e = run.error or {}
             print(f"FAILED: {notebook.name}, cell {e.get('cell')}: {e.get('error')}: {e.get('message')}")
@@ -425,6 +439,113 @@ def refresh(only=None) -> int:
         shutil.copyfile(build / notebook.name, notebook)
         _clean_metadata(notebook)
         print(f"{notebook.name}: outputs stored ({run.seconds:.0f} s)")
+    return status
+
+
+# `make gpu-check`: the gpu profile of 03, 04 and 06-09 on a tiny Qwen2 built on the spot (no download,
+# no network), a few steps each, on a machine with CUDA. MODEL is added where a notebook has it.
+GPU_CHECK = {
+    "03": {"WIDTH": 256, "DEPTH": 8, "ITERS": 3},
+    "04": {},
+    "06": {"DATASETS": "course", "STEPS": 4, "IDENTITY_ONLY_STEPS": 2},
+    "07": {"MAX_TOKENS": 16},
+    "08": {"STEPS": 4, "SWIFT_STEPS": 2},
+    "09": {"SWIFT_STEPS": 2},
+}
+GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
+
+
+def parameter_names(notebook: Path) -> set[str]:
+    """The names a notebook's ``parameters`` cell assigns."""
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return {
+        t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign) for t in node.targets
+    }
+
+
+def gpu_check_parameters(notebook: Path, nproc: int, model: str) -> dict:
+    """The papermill parameters ``make gpu-check`` gives ``notebook`` for ``nproc`` GPUs."""
+    names = parameter_names(notebook)
+    given = {"PROFILE": "gpu", "NPROC": nproc, "MODEL": model, **GPU_CHECK[notebook.name[:2]]}
+    unknown = set(GPU_CHECK[notebook.name[:2]]) - names
+    if unknown:
+        raise ValueError(
+            f"{notebook.name} has no parameter {sorted(unknown)}; GPU_CHECK must name real ones."
+        )
+    return {k: v for k, v in given.items() if k in names}
+
+
+def gpu_check_commands(nproc: int, model: str, build: Path) -> list[str]:
+    """What ``make gpu-check`` runs on ``nproc`` GPUs: one papermill command per notebook, then the
+    ``swift sft`` command the gpu profile's notebook 06 runs with the seed's recipe on the real model."""
+    import shlex
+
+    from helpers import finetune, models, profiles
+
+    lines = []
+    for notebook in course_notebooks(GPU_CHECK):
+        params = gpu_check_parameters(notebook, nproc, model)
+        out = build / "executed" / notebook.name
+        argv = [
+            "papermill",
+            os.path.relpath(notebook, paths.ROOT),
+            os.path.relpath(out, paths.ROOT),
+            "--cwd",
+            "notebooks",
+        ]
+        for key, value in params.items():
+            argv += ["-p", key, str(value)]
+        lines.append(shlex.join(argv))
+    seed = models.ModelInfo(
+        name=profiles.GPU_DEFAULT_MODEL, path=profiles.GPU_DEFAULT_MODEL, source="ModelScope"
+    )
+    plan, note = finetune.seed_recipe(
+        seed, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
+        model_author=("并行训练营", "Parallel Training Camp"),
+    )  # fmt: skip
+    lines.append(
+        f"# and what notebook 06 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
+        + (f" ({note})" if note else "")
+        + ":\n"
+        + finetune.shell_command(plan)
+    )
+    return lines
+
+
+def gpu_check(dry: bool = False, build: Path | None = None) -> int:
+    """``make gpu-check``: run the gpu profile on the tiny Qwen2 and write the report; ``dry`` prints the
+    commands for 1 and for 8 GPUs instead, and needs no GPU."""
+    from helpers import models, profiles
+
+    build = Path(build or paths.build_dir() / "gpu-check").resolve()
+    model_dir = paths.models_dir() / models.TINY_QWEN2_DIR
+    if dry:
+        for nproc in (1, 8):
+            print(
+                f"# make gpu-check on {nproc} GPU{'s' if nproc > 1 else ''}: the gpu profile on a tiny Qwen2"
+            )
+            print(
+                "\n".join(gpu_check_commands(nproc, os.path.relpath(model_dir, paths.ROOT), build)),
+                end="\n\n",
+            )
+        return 0
+    gpus = profiles.count_gpus()
+    if not gpus and os.environ.get(profiles.GPU_SHAPE_ON_CPU) != "1":
+        print("error: make gpu-check needs a CUDA GPU and none is visible here; "
+              "`make gpu-check DRY=1` prints what it would run.", file=sys.stderr)  # fmt: skip
+        return 2
+    model = models.tiny_qwen2().path
+    nproc = gpus or 2
+    status = run_course(
+        "gpu", list(GPU_CHECK), build, progress=True,
+        parameters_for=lambda notebook: gpu_check_parameters(notebook, nproc, model),
+    )  # fmt: skip
+    print(f"gpu-check: budget {GPU_CHECK_BUDGET} s on one GPU; the report above gives each notebook's time.")
     return status
 
 
@@ -440,10 +561,14 @@ def main(argv=None) -> int:
     run_p.add_argument("--no-progress", action="store_true")
     ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
     ref.add_argument("--only", nargs="*")
+    gc = sub.add_parser("gpu-check", help="the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA)")
+    gc.add_argument("--dry", action="store_true", help="print the commands for 1 and 8 GPUs; needs no GPU")
     pr = sub.add_parser("prune", help="delete all but the newest KEEP versions of each run in build/outputs/")
     pr.add_argument("--keep", required=True)
     pr.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "gpu-check":
+        return gpu_check(args.dry)
     if args.command == "prune":
         if not args.keep.isdigit():
             print(

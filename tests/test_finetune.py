@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -419,3 +420,69 @@ def test_plan_env_pins_the_gpus_a_run_may_see(tmp_path):
     assert plan(tmp_path).but(device="cuda", nproc=4, per_device_batch=1).env() == {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3"
     }
+
+
+def swift_parser():
+    """SWIFT's own command-line parser for ``swift sft`` (swift/utils/utils.py, parse_args)."""
+    from swift import SftArguments
+    from swift.utils.utils import _patch_get_type_hints
+    from transformers import HfArgumentParser
+
+    with _patch_get_type_hints():
+        return HfArgumentParser([SftArguments])
+
+
+GPU_MODEL = models.ModelInfo(name="Qwen2.5-7B-Instruct", path="Qwen/Qwen2.5-7B-Instruct", source="hub")
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_path, gpus):
+    plan, note = finetune.seed_recipe(
+        GPU_MODEL, gpus, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR
+    )
+    assert note is None  # 16 divides over 1, 2, 4 and 8 GPUs
+    command = finetune.shell_command(plan)
+    visible = ",".join(str(i) for i in range(gpus))
+    first = command.splitlines()[0]
+    assert first == (
+        f"CUDA_VISIBLE_DEVICES={visible} " + (f"NPROC_PER_NODE={gpus} " if gpus > 1 else "") + "swift sft \\"
+    )
+    argv = shlex.split(command.split("swift sft", 1)[1].replace("\\\n", " "))
+    namespace, unknown = swift_parser().parse_known_args(argv)
+    assert unknown == [], f"flags SWIFT does not know: {unknown}"
+    got = vars(namespace)
+    assert got["model"] == "Qwen/Qwen2.5-7B-Instruct" and got["tuner_type"] == "lora"
+    assert got["dataset"] == list(finetune.HUB_DATASETS)
+    assert (got["num_train_epochs"], got["learning_rate"], got["warmup_ratio"]) == (1.0, 1e-4, 0.05)
+    assert (got["lora_rank"], got["lora_alpha"], got["target_modules"]) == (8, 32, ["all-linear"])
+    assert (got["max_length"], got["torch_dtype"], got["gradient_checkpointing"]) == (2048, "bfloat16", True)
+    assert got["system"] == finetune.SYSTEM
+    assert got["per_device_train_batch_size"] * gpus * got["gradient_accumulation_steps"] == 16
+    assert "max_steps" not in command and "use_cpu" not in command
+    if gpus > 1:
+        assert got["ddp_backend"] == "nccl" and got["ddp_find_unused_parameters"] is False
+        assert json.loads(got["gradient_checkpointing_kwargs"]) == {"use_reentrant": False}
+
+
+@pytest.mark.parametrize("gpus, accum, batch", [(3, 5, 15), (5, 3, 15), (6, 3, 18), (7, 2, 14)])
+def test_gpu_counts_16_does_not_divide_take_the_nearest_global_batch_and_say_so(gpus, accum, batch):
+    got, note = finetune.nearest_accumulation(16, gpus)
+    assert got == accum and got * gpus == batch
+    assert note == (
+        f"a global batch of 16 does not divide over {gpus} processes × 1 per device, so each process "
+        f"accumulates {accum} steps: a global batch of {batch}, the nearest possible."
+    )
+
+
+def test_a_plan_needs_steps_or_epochs(tmp_path):
+    with pytest.raises(CourseError, match="needs steps"):
+        plan(tmp_path).but(steps=None).options()
+    assert values_after(plan(tmp_path).but(steps=None, epochs=2).cli(), "--num_train_epochs") == ["2"]
+
+
+def test_bf16_on_the_cpu_leaves_mixed_precision_to_swift(tmp_path):
+    cli = plan(tmp_path).but(dtype="bfloat16", gradient_checkpointing=True, system="Be brief.").cli()
+    assert values_after(cli, "--torch_dtype") == ["bfloat16"] and values_after(cli, "--use_cpu") == ["true"]
+    assert "--bf16" not in cli and "--fp16" not in cli
+    assert values_after(cli, "--system") == ["Be brief."]
+    assert "--bf16" in plan(tmp_path).cli()  # float32 on the CPU turns both off

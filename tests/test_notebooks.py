@@ -88,6 +88,7 @@ def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capsy
         mini_notebook(lessons / f"{name}.ipynb", fails=False)
     monkeypatch.setattr(paths, "NOTEBOOKS", lessons)
     build = tmp_path / "build"
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(build))  # run_course sets it; restored after the test
     assert runner.run_course("smoke", build=build, progress=False) == 0
     report = json.loads((build / "report.json").read_text())
     assert report["profile"] == "smoke"

@@ -164,3 +164,16 @@ def test_knob_checks():
         profiles.check_int("STEPS", 0)
     with pytest.raises(CourseError, match="MODE = 'x' is not valid; choose 'a' or 'b'."):
         profiles.check_choice("MODE", "x", ("a", "b"))
+
+
+def test_the_gpu_shape_runs_on_the_cpu_only_when_asked(monkeypatch):
+    """Without a GPU, PROFILE = 'gpu' stops, unless a test asks for its gpu shape on the CPU."""
+    with pytest.raises(CourseError, match="needs a CUDA GPU"):
+        profiles.resolve("gpu")
+    monkeypatch.setenv(profiles.GPU_SHAPE_ON_CPU, "1")
+    p = profiles.resolve("gpu")
+    assert (p.name, p.device, p.backend, p.nproc, p.gpus) == ("gpu", "cpu", "gloo", 2, 0)
+    assert "gpu shape on the CPU" in p.reason
+    assert p.pick(cpu=40, smoke=2, gpu=60) == 60  # the gpu recipe's values
+    assert profiles.resolve("gpu", nproc=3).nproc == 3  # any process count, not bounded by GPUs
+    assert profiles.resolve("cpu").device == "cpu" and profiles.resolve("smoke").name == "smoke"
