@@ -7,7 +7,7 @@ KEEP ?=
 DRY ?=
 GPU_PYTHON ?= python3
 
-.PHONY: help setup run test lint unit notebooks lab refresh clean prune gpu-check
+.PHONY: help setup run test lint unit notebooks lab refresh clean prune gpu-check lock
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
@@ -17,6 +17,7 @@ help:
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
 	@echo "make gpu-check  the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
+	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"
 
 setup:
 	@bash scripts/setup.sh
@@ -35,6 +36,8 @@ notebooks: setup
 		--nbval-cell-timeout=600 notebooks
 
 test: lint unit notebooks
+	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
+	@$(BIN)/python -m helpers.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "make test left the git tree dirty:"; git status --porcelain; exit 1; \
 	else echo "git tree clean after the tests."; fi
@@ -64,3 +67,6 @@ ifeq ($(DRY),1)
 else
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.runner gpu-check
 endif
+
+lock:
+	@python3 scripts/lock.py

