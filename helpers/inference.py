@@ -94,6 +94,15 @@ def _dtype(device: str) -> str:
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
+def saved_dtype(model_dir) -> str | None:
+    """The dtype a model directory's weights were saved in (config.json ``dtype``, formerly ``torch_dtype``)."""
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    return data.get("dtype") or data.get("torch_dtype")
+
+
 def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
     """The arguments after ``swift export`` that merge the recorded adapter into ``output_dir``."""
     output_dir = Path(output_dir)
@@ -105,8 +114,8 @@ def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
         *_model_flags(base_model(record)),
         "--merge_lora",
         "true",
-        "--torch_dtype",
-        _dtype(device),
+        "--torch_dtype",  # the base model's own dtype, so that the merged model is the same size
+        saved_dtype(base_model(record).path) or _dtype(device),
         "--output_dir",
         str(output_dir),
     ]

@@ -397,11 +397,18 @@ def torchrun(script, *args, timeout: float = 600, show: bool = True, **options) 
     return run(prepare_torchrun(script, *args, timeout=timeout, **options), show=show)[0]
 
 
-def prepare_swift(subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None) -> Launch:
-    """A ``swift`` CLI launch; with ``nproc`` > 1 SWIFT starts torchrun itself (NPROC_PER_NODE)."""
+def prepare_swift(
+    subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None, torchrun: bool = False
+) -> Launch:
+    """A ``swift`` CLI launch; with ``nproc`` > 1, or ``torchrun``, SWIFT starts torchrun itself.
+
+    SWIFT's entry point starts torchrun whenever NPROC_PER_NODE is set (swift/cli/main.py, use_torchrun).
+    ``torchrun=True`` does that for one process too: DeepSpeed needs the RANK and WORLD_SIZE torchrun
+    sets, and without them looks for MPI instead (deepspeed/comm/comm.py, mpi_discovery).
+    """
     launch_env = dict(env or {})
     log_dir = None
-    if nproc > 1:
+    if nproc > 1 or torchrun:
         log_dir = _log_dir(f"swift-{subcommand}")
         launch_env = {
             "NPROC_PER_NODE": nproc,

@@ -300,3 +300,15 @@ def test_exercise_07_2():
 
     assert check("07.2", answers_from)
     assert not check("07.2", lambda path: {json.loads(x)["messages"][0]["content"]: "" for x in open(path)})
+
+
+def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):
+    """A bf16 base merged on the CPU stays bf16 (else the merged model is twice its size)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"model_type": "qwen2", "dtype": "bfloat16"}))
+    record = {"model": str(base), "model_type": "qwen2", "template": "qwen2_5", "checkpoint": "/a/checkpoint-4"}
+    assert flags_to_dict(inference.export_flags(record, tmp_path / "m1", "cpu"))["torch_dtype"] == "bfloat16"
+    (base / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    assert flags_to_dict(inference.export_flags(record, tmp_path / "m2", "cuda"))["torch_dtype"] == "float32"
+    assert inference.saved_dtype(tmp_path / "nowhere") is None

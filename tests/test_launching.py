@@ -241,3 +241,10 @@ def test_the_stop_button_stops_a_launch_and_the_next_cell_runs(script):
     assert any("Interrupted: stopped" in o.get("text", "") for o in launch.outputs)
     assert [o.get("text") for o in after.outputs] == ["next cell ran 42\n"]
     nbformat.validate(nb)
+
+
+def test_swift_goes_through_torchrun_for_one_process_when_asked(build):
+    """DeepSpeed needs torchrun's RANK and WORLD_SIZE even on one GPU: NPROC_PER_NODE=1 makes SWIFT use it."""
+    one = launching.prepare_swift("sft", "--deepspeed", "zero2", nproc=1, torchrun=True).command
+    assert one.startswith("NPROC_PER_NODE=1 MASTER_PORT=") and one.endswith("swift sft --deepspeed zero2")
+    assert "NPROC_PER_NODE" not in launching.prepare_swift("sft", nproc=1).command

@@ -46,6 +46,11 @@ BAD += [
     if "NPROC" in parameters_of(nb) and nb.name.startswith("05")
 ]
 BAD += [
+    (nb, {"DATASETS": "hub"}, ["DATASETS = 'hub'", "only the gpu profile", "'course'"])
+    for nb in NOTEBOOKS
+    if nb.name.startswith("06")
+]
+BAD += [
     (nb, {"MODEL": "/no/such/model"}, ["MODEL = '/no/such/model'", "None"])
     for nb in NOTEBOOKS
     if "MODEL" in parameters_of(nb) and nb.name.startswith("05")
