@@ -307,7 +307,12 @@ def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text(json.dumps({"model_type": "qwen2", "dtype": "bfloat16"}))
-    record = {"model": str(base), "model_type": "qwen2", "template": "qwen2_5", "checkpoint": "/a/checkpoint-4"}
+    record = {
+        "model": str(base),
+        "model_type": "qwen2",
+        "template": "qwen2_5",
+        "checkpoint": "/a/checkpoint-4",
+    }
     assert flags_to_dict(inference.export_flags(record, tmp_path / "m1", "cpu"))["torch_dtype"] == "bfloat16"
     (base / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
     assert flags_to_dict(inference.export_flags(record, tmp_path / "m2", "cuda"))["torch_dtype"] == "float32"
