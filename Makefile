@@ -26,7 +26,7 @@ run: setup
 	@$(BIN)/python -m helpers.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 lint: setup
-	$(BIN)/ruff check conftest.py helpers tests notebooks
+	$(BIN)/ruff check --no-cache conftest.py helpers tests notebooks
 
 unit: setup
 	$(BIN)/python -m pytest tests -ra

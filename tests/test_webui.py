@@ -6,8 +6,8 @@ import struct
 import subprocess
 
 import pytest
-from conftest import processes_mentioning
 
+from conftest import processes_mentioning
 from helpers import finetune
 
 CHROMIUM_FLAGS = [
