@@ -425,8 +425,23 @@ def prepare_swift(
         label=f"swift {subcommand}",
         timeout=timeout,
         log_dir=log_dir,
-        finished="End time of running main",  # SWIFT's last log line, after saving
+        finished=_swift_finished(subcommand, launch_env),
     )
+
+
+def _swift_finished(subcommand: str, env: dict) -> str:
+    """The line that proves a ``swift`` job's work is done (see :meth:`Launch.exited_late`).
+
+    SWIFT's last log line, "End time of running main" (swift/pipelines/base.py, main), is an INFO line:
+    with ``LOG_LEVEL=WARNING`` it is never printed. Training then proves itself with rank 0's summary,
+    the dict holding 'train_runtime': swift/trainers/patcher.py saves the last checkpoint at max_steps
+    (DefaultFlowCallbackNew.on_step_end), and PrinterCallbackNew.on_log prints each log after writing it
+    to logging.jsonl, the summary last.
+    """
+    quiet = str(env.get("LOG_LEVEL", "INFO")).upper() in ("WARNING", "ERROR", "CRITICAL")
+    if quiet and subcommand in ("sft", "pt", "rlhf"):
+        return "'train_runtime'"
+    return "End time of running main"
 
 
 def swift(subcommand: str, *args, show: bool = True, **options) -> LaunchResult:

@@ -195,6 +195,12 @@ def test_an_abort_while_exiting_after_the_work_is_a_note_not_an_error(tmp_path, 
 
 def test_swift_launches_name_the_line_that_proves_the_work_finished():
     assert launching.prepare_swift("sft", "--help").finished == "End time of running main"
+    # LOG_LEVEL=WARNING hides that INFO line: training then proves itself with rank 0's summary
+    quiet = launching.prepare_swift("sft", "--help", nproc=2, env={"LOG_LEVEL": "WARNING"})
+    assert quiet.finished == "'train_runtime'"
+    assert (
+        launching.prepare_swift("export", env={"LOG_LEVEL": "WARNING"}).finished == "End time of running main"
+    )
     assert launching.prepare_torchrun("x.py").finished is None
 
 
