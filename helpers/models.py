@@ -33,6 +33,13 @@ SMOLLM2_DIR = "SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOKE_DIR = "tiny-llama-smoke"
 TINY_QWEN2_DIR = "tiny-qwen2-bf16"
+# The course's own model directories, and what SWIFT must be told about them: their architectures are
+# shared by several SWIFT model types (Qwen2ForCausalLM: qwen2 and qwen2_gte), so SWIFT cannot infer one.
+_COURSE_MODELS = {
+    SMOLLM2_DIR: ("llama", "chatml"),
+    SMOKE_DIR: ("llama", "chatml"),
+    TINY_QWEN2_DIR: ("qwen2", "qwen2_5"),
+}
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -273,44 +280,39 @@ def _tiny_shape(tokenizer, max_positions: int) -> dict:
     )
 
 
-def _build_tiny_llama(out: Path) -> None:
+def _build_tiny(out: Path, architecture: str) -> None:
+    """A random 2-layer model of ``architecture`` ("llama" in float32, "qwen2" in bfloat16) with the tiny tokenizer."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = _tiny_tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(**_tiny_shape(tokenizer, 1024))
-    model = LlamaForCausalLM(config)
+    if architecture == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**_tiny_shape(tokenizer, 1024)))
+    else:  # Qwen2.5's architecture, saved in bf16 as its weights are; the seed's recipe allows 2048 tokens
+        config = Qwen2Config(**_tiny_shape(tokenizer, 4096), torch_dtype="bfloat16")
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+def _tiny(folder: str, architecture: str, name: str, force: bool) -> ModelInfo:
+    target = paths.models_dir() / folder
+    build_once(target, lambda out: _build_tiny(out, architecture), force=force, log=lambda *_: None)
+    model_type, template = _COURSE_MODELS[folder]
+    return ModelInfo(
+        name=name,
+        path=str(target),
+        source=f"built by helpers.models (random init, BPE tokenizer trained here, {architecture})",
+        model_type=model_type,
+        template=template,
+    )
 
 
 def tiny_llama(force: bool = False) -> ModelInfo:
     """A 2-layer, 64-wide random Llama for smoke runs (ready in about a second)."""
-    target = paths.models_dir() / SMOKE_DIR
-    build_once(target, _build_tiny_llama, force=force, log=lambda *_: None)
-    return ModelInfo(
-        name="tiny-llama (random weights)",
-        path=str(target),
-        source="built by helpers.models.tiny_llama (random init, BPE tokenizer trained here)",
-        model_type="llama",
-        template="chatml",
-    )
-
-
-def _build_tiny_qwen2(out: Path) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = _tiny_tokenizer()
-    torch.manual_seed(0)
-    # the seed's recipe allows 2048-token sequences
-    config = Qwen2Config(**_tiny_shape(tokenizer, 4096), torch_dtype="bfloat16")
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # saved in bf16, as Qwen2.5's weights are
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    return _tiny(SMOKE_DIR, "llama", "tiny-llama (random weights)", force)
 
 
 def tiny_qwen2(force: bool = False) -> ModelInfo:
@@ -319,15 +321,7 @@ def tiny_qwen2(force: bool = False) -> ModelInfo:
     The gpu profile's shape without its 15 GB: SWIFT drives it as ``--model_type qwen2 --template qwen2_5``
     (in ms-swift 4.x Qwen2.5's model type is ``qwen2``; ``qwen2_5`` is its template).
     """
-    target = paths.models_dir() / TINY_QWEN2_DIR
-    build_once(target, _build_tiny_qwen2, force=force, log=lambda *_: None)
-    return ModelInfo(
-        name="tiny-qwen2 (random weights, bf16)",
-        path=str(target),
-        source="built by helpers.models.tiny_qwen2 (random init, BPE tokenizer trained here)",
-        model_type="qwen2",
-        template="qwen2_5",
-    )
+    return _tiny(TINY_QWEN2_DIR, "qwen2", "tiny-qwen2 (random weights, bf16)", force)
 
 
 # --- gpu: ModelScope ---------------------------------------------------------------------------
@@ -346,15 +340,6 @@ def from_modelscope(model_id: str) -> ModelInfo:
             "or give a local model directory."
         ) from None
     return ModelInfo(name=model_id, path=path, source=f"ModelScope {model_id}")
-
-
-# The course's own model directories, and what SWIFT must be told about them: their architectures are
-# shared by several SWIFT model types (Qwen2ForCausalLM: qwen2 and qwen2_gte), so SWIFT cannot infer one.
-_COURSE_MODELS = {
-    SMOLLM2_DIR: ("llama", "chatml"),
-    SMOKE_DIR: ("llama", "chatml"),
-    TINY_QWEN2_DIR: ("qwen2", "qwen2_5"),
-}
 
 
 def local(path: str) -> ModelInfo:
