@@ -2,7 +2,7 @@
 
 PROFILE = "gpu" with ``COURSE_GPU_SHAPE_ON_CPU=1`` takes every gpu value of every pick and the seed's
 recipe (bf16 weights, gradient checkpointing, an explicit system prompt, the nearest global batch), on the
-tiny Qwen2 driven through SWIFT's qwen2_5 template, over gloo, with 1, 2 and 3 processes (MATRIX). The notebooks get the parameters
+tiny Qwen2 driven through SWIFT's qwen2_5 template, over gloo, with 1 and 3 processes (MATRIX). The notebooks get the parameters
 ``make gpu-check`` gives them on a GPU (runner.GPU_CHECK); 03 and 04 are left to the GPU itself.
 """
 
@@ -30,9 +30,10 @@ def outputs(executed) -> dict[str, str]:
 
 
 # Which notebooks run with how many processes: 3 is where 16 does not divide (06, and 07 merging its
-# adapter); 2 is the usual DDP for 08 and 09 (with 3 ranks their sharding and checkpointing lessons do not
-# hold yet: uneven FSDP shards are padded); 1 is one GPU, where every DDP comparison is skipped.
-MATRIX = {3: ["06", "07"], 2: ["08", "09"], 1: ["06", "08", "09"]}
+# adapter); 1 is one GPU, where every DDP comparison is skipped. 08 and 09 are left out of 3 (their
+# sharding and checkpointing lessons do not hold for 3 ranks yet: uneven FSDP shards are padded); 2
+# processes pass too (run by hand) but cost make test 3 more minutes, and the smoke course runs 2.
+MATRIX = {3: ["06", "07"], 1: ["06", "08", "09"]}
 
 
 @pytest.mark.parametrize("nproc", sorted(MATRIX, reverse=True))
