@@ -246,7 +246,9 @@ def test_the_stop_button_stops_a_launch_and_the_next_cell_runs(script):
     assert [e.ename for e in errors] == ["KeyboardInterrupt"]
     assert any("Interrupted: stopped" in o.get("text", "") for o in launch.outputs)
     # the stream may arrive in several chunks ("next cell ran", " 42\n"): compare the text, not the chunks
-    assert "".join(o.get("text", "") for o in after.outputs if o.output_type == "stream") == "next cell ran 42\n"
+    assert (
+        "".join(o.get("text", "") for o in after.outputs if o.output_type == "stream") == "next cell ran 42\n"
+    )
     nbformat.validate(nb)
 
 
