@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import time
 import urllib.error
@@ -203,14 +202,8 @@ class Chat:
 
     def close(self) -> None:
         """Free the model (a GPU needs the memory back before training)."""
-        import gc
-
-        import torch
-
         self.engine = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_memory()
 
     def __enter__(self) -> Chat:
         return self
@@ -557,10 +550,7 @@ def shell_command(plan: SftPlan, subcommand: str = "sft") -> str:
     env = dict(plan.env())
     if plan.nproc > 1:
         env["NPROC_PER_NODE"] = str(plan.nproc)
-    lines = [(" ".join(f"{k}={v}" for k, v in env.items()) + f" swift {subcommand}").strip()]
-    for key, value in plan.options().items():
-        lines.append(f"    --{key} " + " ".join(shlex.quote(v) for v in _flag_value(value)))
-    return " \\\n".join(lines)
+    return launching.swift_text(subcommand, plan.cli(), env)
 
 
 # --- SWIFT's logs: logging.jsonl (and trainer_state.json) as curves -----------------------------------
@@ -742,6 +732,18 @@ def untouched(record: dict | None) -> bool:
     if record is None or not Path(record["checkpoint"]).is_dir():
         return True
     return fingerprint(record["checkpoint"]) == record["fingerprint"]
+
+
+def free_memory() -> None:
+    """Collect what Python no longer references and hand cached GPU memory back to the driver, so that the
+    next model (or a ``swift`` process) can have it: PyTorch's allocator keeps freed blocks otherwise."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def swift_log_level(level: str = "WARNING") -> None:

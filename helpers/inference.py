@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import finetune, models, paths
+from helpers import finetune, launching, models, paths
 from helpers.errors import CourseError
 from helpers.exercises import checker
 
@@ -122,9 +122,16 @@ def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
 
 
 def infer_flags(
-    info: models.ModelInfo, questions, result, max_tokens: int, device: str = "cpu", batch: int = 64
+    info: models.ModelInfo,
+    questions,
+    result,
+    max_tokens: int,
+    device: str = "cpu",
+    batch: int = 64,
+    system=None,
 ):
-    """The arguments after ``swift infer``: greedy answers to a question file, written to ``result``."""
+    """The arguments after ``swift infer``: greedy answers to a question file, written to ``result``;
+    ``system``: the system prompt the model was trained with (None: the template's own default)."""
     return [
         *_model_flags(info),
         "--torch_dtype",
@@ -141,7 +148,34 @@ def infer_flags(
         str(batch),
         "--stream",
         "false",
+        *(["--system", system] if system is not None else []),
     ]
+
+
+def gpu_commands(model: str, system: str | None, max_tokens: int) -> dict[str, str]:
+    """The gpu profile's ``swift export`` and ``swift infer`` for ``model`` as text to copy, on GPU 0.
+
+    Both are one process. With several GPUs visible, one process spreads the model over all of them
+    (swift/model/utils.py, ``get_default_device_map``: "auto" when more devices than processes), so the
+    commands keep one GPU visible: a 7B model in bf16 (about 15 GB) fits one 24 GB card. The checkpoint
+    and version folders are placeholders for the ones notebook 06 recorded.
+    """
+    record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model}
+    merged = "build/outputs/self-cognition-merged/vN/model"
+    run = Path(merged).parent
+    infer = infer_flags(
+        merged_model(record, merged),
+        run / QUESTIONS_FILE,
+        run / ANSWERS_FILE,
+        max_tokens,
+        "cuda",
+        system=system,
+    )
+    env = launching.gpu_env(1)
+    return {
+        "export": launching.swift_text("export", export_flags(record, merged, "cuda"), env),
+        "infer": launching.swift_text("infer", infer, env),
+    }
 
 
 # --- files: question file in, answers out, sizes on disk -----------------------------------------------
@@ -216,16 +250,21 @@ def size_ratio(part: float, whole: float, part_name: str = "part", whole_name: s
 # --- logits: base + adapter against the merged model -----------------------------------------------------
 
 
-def prompt_batch(template, questions) -> dict:
+def messages(question: str, system=None) -> list[dict]:
+    """One question as chat messages, after the system prompt when there is one."""
+    return [
+        *([{"role": "system", "content": system}] if system is not None else []),
+        {"role": "user", "content": question},
+    ]
+
+
+def prompt_batch(template, questions, system=None) -> dict:
     """The questions encoded by SWIFT's chat ``template`` (an engine's ``.template``), padded on the right,
     with an attention mask: the prompts exactly as SWIFT's engine builds them."""
     import torch
     from swift import InferRequest
 
-    ids = [
-        template.encode(InferRequest(messages=[{"role": "user", "content": q}]))["input_ids"]
-        for q in questions
-    ]
+    ids = [template.encode(InferRequest(messages=messages(q, system)))["input_ids"] for q in questions]
     width = max(len(i) for i in ids)
     input_ids = torch.zeros(len(ids), width, dtype=torch.long)
     mask = torch.zeros(len(ids), width, dtype=torch.long)
@@ -253,6 +292,65 @@ def largest_gap(a, b, mask) -> float:
     return float((a[keep] - b[keep]).abs().max())
 
 
+def merged_weight_errors(base_dir, adapter_dir, merged_dir) -> dict:
+    """Check every adapted weight of the merged model against W + (alpha / r) B A, computed here in float32
+    from the base model's and the adapter's files, one tensor at a time (a 7B model never sits in memory).
+
+    The merged file holds that sum rounded to its dtype: peft's ``LoraLayer.merge`` rounds the update
+    (alpha / r) B A to the weight's dtype and adds it in place, which rounds again. Each rounding moves a
+    value by at most half the dtype's spacing there, and the spacing at x is at most ``finfo(dtype).eps`` × |x|,
+    so each element must lie within eps × (|W'| + |update|) of the float32 sum (twice what two roundings
+    can do). Returns ``{"weights": n, "dtype": ..., "worst": the largest error / that bound}``: worst <= 1
+    holds whenever merging added exactly the adapter's update and nothing else.
+    """
+    import torch
+
+    config = finetune.check_adapter(adapter_dir)
+    if config.get("use_dora") or config.get("use_rslora") or config.get("fan_in_fan_out"):
+        raise CourseError("this check knows plain LoRA only (no DoRA, rsLoRA or fan_in_fan_out).")
+    scale = config["lora_alpha"] / config["r"]
+    adapter = _tensors(Path(adapter_dir))
+    base, merged = _tensors(Path(base_dir)), _tensors(Path(merged_dir))
+    prefix = "base_model.model."
+    worst, count, dtype = 0.0, 0, None
+    for key in sorted(k for k in adapter if k.endswith(".lora_A.weight")):
+        name = key[len(prefix) :].replace(".lora_A.weight", ".weight")
+        if name not in base or name not in merged:
+            raise CourseError(
+                f"{name} (adapted by {key}) is not in both the base and the merged model's files."
+            )
+        a = _read(adapter[key], key).float()
+        b = _read(adapter[key.replace("lora_A", "lora_B")], key.replace("lora_A", "lora_B")).float()
+        update = scale * (b @ a)
+        got = _read(merged[name], name)
+        dtype = got.dtype
+        want = _read(base[name], name).float() + update
+        bound = torch.finfo(dtype).eps * (want.abs() + update.abs()) + torch.finfo(dtype).tiny
+        worst = max(worst, float(((got.float() - want).abs() / bound).max()))
+        count += 1
+    if count == 0:
+        raise CourseError(f"no LoRA weights (*.lora_A.weight) in {adapter_dir}.")
+    return {"weights": count, "dtype": str(dtype).removeprefix("torch."), "worst": worst}
+
+
+def _tensors(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the ``*.safetensors`` file in ``folder`` that holds it."""
+    from safetensors import safe_open
+
+    where = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, "pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), file))
+    return where
+
+
+def _read(file: Path, name: str):
+    from safetensors import safe_open
+
+    with safe_open(file, "pt") as handle:
+        return handle.get_tensor(name)
+
+
 # --- streaming: one answer, piece by piece --------------------------------------------------------------
 
 
@@ -263,7 +361,7 @@ def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) 
     if chat.engine is None:
         raise CourseError("this Chat was closed; create a new one.")
     [chunks] = chat.engine.infer(
-        [InferRequest(messages=[{"role": "user", "content": question}])],
+        [InferRequest(messages=messages(question, chat.system))],
         RequestConfig(max_tokens=max_tokens, temperature=0, stream=True),
         use_tqdm=False,
     )

@@ -444,6 +444,25 @@ def _swift_finished(subcommand: str, env: dict) -> str:
     return "End time of running main"
 
 
+def gpu_env(gpus: int, torchrun: bool = False) -> dict:
+    """The environment of a ``swift`` command with one process per GPU on ``gpus`` GPUs: exactly those
+    devices visible, and ``NPROC_PER_NODE`` where SWIFT must start torchrun (several processes, or
+    ``torchrun``: DeepSpeed needs it even for one, see :func:`prepare_swift`)."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+    return {**env, "NPROC_PER_NODE": str(gpus)} if gpus > 1 or torchrun else env
+
+
+def swift_text(subcommand: str, args, env=None) -> str:
+    """A ``swift`` command as text to copy into a terminal: its environment, then one option per line."""
+    lines = [(" ".join(f"{k}={v}" for k, v in (env or {}).items()) + f" swift {subcommand}").strip()]
+    for arg in map(str, args):
+        if arg.startswith("--") or len(lines) == 1:
+            lines.append("    " + shlex.quote(arg))
+        else:
+            lines[-1] += " " + shlex.quote(arg)
+    return " \\\n".join(lines)
+
+
 def swift(subcommand: str, *args, show: bool = True, **options) -> LaunchResult:
     """Run the ``swift`` CLI and wait; see :func:`prepare_swift` for the options."""
     return run(prepare_swift(subcommand, *args, **options), show=show)[0]

@@ -7,6 +7,15 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
+def shown(path) -> str:
+    """``path`` as a learner should read it: relative to the repository when it lies inside it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def build_dir() -> Path:
     """The folder a run writes to: ``$COURSE_BUILD_DIR`` or ``build/`` in the repository."""
     return Path(os.environ.get("COURSE_BUILD_DIR", ROOT / "build")).resolve()

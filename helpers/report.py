@@ -49,6 +49,18 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
         print(text)
 
 
+def gpu_peak(label: str) -> float | None:
+    """Record the most GPU memory this process has held at once (``torch.cuda.max_memory_allocated``, GiB)
+    as ``<label>_gpu_peak_gib``; nothing without CUDA. Returns the value, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    record(f"{label}_gpu_peak_gib", peak, "GiB", note="torch.cuda.max_memory_allocated in the kernel")
+    return peak
+
+
 def collect(notebook) -> list[dict]:
     """The metrics a (parsed, executed) notebook recorded, in order; later values win."""
     found: dict[str, dict] = {}

@@ -2,10 +2,10 @@
 
 import dataclasses
 import json
-import shlex
 from pathlib import Path
 
 import pytest
+import swift_cli
 
 from helpers import finetune, models
 from helpers.errors import CourseError
@@ -422,16 +422,6 @@ def test_plan_env_pins_the_gpus_a_run_may_see(tmp_path):
     }
 
 
-def swift_parser():
-    """SWIFT's own command-line parser for ``swift sft`` (swift/utils/utils.py, parse_args)."""
-    from swift import SftArguments
-    from swift.utils.utils import _patch_get_type_hints
-    from transformers import HfArgumentParser
-
-    with _patch_get_type_hints():
-        return HfArgumentParser([SftArguments])
-
-
 GPU_MODEL = models.ModelInfo(name="Qwen2.5-7B-Instruct", path="Qwen/Qwen2.5-7B-Instruct", source="hub")
 
 
@@ -447,10 +437,9 @@ def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_p
     assert first == (
         f"CUDA_VISIBLE_DEVICES={visible} " + (f"NPROC_PER_NODE={gpus} " if gpus > 1 else "") + "swift sft \\"
     )
-    argv = shlex.split(command.split("swift sft", 1)[1].replace("\\\n", " "))
-    namespace, unknown = swift_parser().parse_known_args(argv)
-    assert unknown == [], f"flags SWIFT does not know: {unknown}"
-    got = vars(namespace)
+    from swift import SftArguments
+
+    got = swift_cli.parse(command, SftArguments)
     assert got["model"] == "Qwen/Qwen2.5-7B-Instruct" and got["tuner_type"] == "lora"
     assert got["dataset"] == list(finetune.HUB_DATASETS)
     assert (got["num_train_epochs"], got["learning_rate"], got["warmup_ratio"]) == (1.0, 1e-4, 0.05)

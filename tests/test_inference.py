@@ -2,8 +2,10 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+import swift_cli
 
 from helpers import finetune, inference, models
 from helpers.errors import CourseError
@@ -115,6 +117,10 @@ def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
     assert flags["temperature"] == "0" and flags["max_new_tokens"] == "32" and flags["stream"] == "false"
     assert int(flags["max_batch_size"]) > 1
     assert set(flags) <= {f.name for f in dataclasses.fields(InferArguments)}
+    assert "system" not in flags  # None: the template's own default
+    system = "You are a helpful assistant."
+    flags = flags_to_dict(inference.infer_flags(INFO, "q.jsonl", "a.jsonl", 32, system=system))
+    assert flags["system"] == system  # the prompt notebook 06 trained with, asked with again
 
 
 # --- files -------------------------------------------------------------------------------------------------
@@ -248,6 +254,51 @@ def test_merged_logits_equal_base_plus_adapter(tiny_adapter):
         inference.largest_gap(with_adapter, merged_logits[:2], mask)
 
 
+def _merge(info, folder, scale_error: float = 1.0):
+    """Merge a fresh LoRA adapter into ``info``'s model the way ``swift export`` does (peft's merge, in the
+    model's own dtype); ``scale_error`` multiplies the update, as a wrong alpha / r would."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = models.load(info)
+    model = model.to(getattr(torch, inference.saved_dtype(info.path) or "float32"))
+    torch.manual_seed(1)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "down_proj"],
+                                                  init_lora_weights=False))  # fmt: skip
+    peft_model.save_pretrained(folder / "adapter")
+    with torch.no_grad():
+        for name, weight in peft_model.named_parameters():
+            if "lora_B" in name:
+                weight.mul_(scale_error)
+    peft_model.merge_and_unload().save_pretrained(folder / "merged")
+    return folder / "adapter", folder / "merged"
+
+
+@pytest.mark.parametrize("make", [models.tiny_llama, models.tiny_qwen2], ids=["float32", "bfloat16"])
+def test_each_merged_weight_is_w_plus_scaled_ba_within_its_dtypes_rounding(make, tmp_path):
+    info = make()
+    adapter, merged = _merge(info, tmp_path / "right")
+    errors = inference.merged_weight_errors(info.path, adapter, merged)
+    assert errors["dtype"] == (inference.saved_dtype(info.path) or "float32")
+    assert (
+        errors["weights"]
+        == 2 * json.loads((Path(info.path) / "config.json").read_text())["num_hidden_layers"]
+    )
+    assert errors["worst"] <= 1, errors
+    adapter, merged = _merge(info, tmp_path / "wrong", scale_error=1.05)  # an update 5% too large
+    assert inference.merged_weight_errors(info.path, adapter, merged)["worst"] > 1
+
+
+def test_the_system_prompt_comes_first_in_every_prompt(tiny_adapter):
+    info, adapter, _ = tiny_adapter
+    assert inference.messages("Who are you?") == [{"role": "user", "content": "Who are you?"}]
+    with finetune.Chat(info, adapter=adapter) as chat:
+        plain = inference.prompt_batch(chat.engine.template, ["Who are you?"])
+        told = inference.prompt_batch(chat.engine.template, ["Who are you?"], system="You are Ada.")
+        text = chat.engine.template.tokenizer.decode(told["input_ids"][0])
+    assert "You are Ada." in text and told["input_ids"].shape[1] > plain["input_ids"].shape[1]
+
+
 def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
     info, adapter, _ = tiny_adapter
     shown = []
@@ -317,3 +368,19 @@ def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):
     (base / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
     assert flags_to_dict(inference.export_flags(record, tmp_path / "m2", "cuda"))["torch_dtype"] == "float32"
     assert inference.saved_dtype(tmp_path / "nowhere") is None
+
+
+def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments():
+    from swift.arguments import ExportArguments, InferArguments
+
+    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", finetune.SYSTEM, 96)
+    assert [line.split(" \\")[0] for line in (shown["export"].splitlines()[0], shown["infer"].splitlines()[0])] == [
+        "CUDA_VISIBLE_DEVICES=0 swift export", "CUDA_VISIBLE_DEVICES=0 swift infer"]  # fmt: skip
+    export = swift_cli.parse(shown["export"], ExportArguments)
+    assert export["model"] == "Qwen/Qwen2.5-7B-Instruct" and export["merge_lora"] is True
+    assert export["torch_dtype"] == "bfloat16" and export["adapters"] == [
+        "build/outputs/self-cognition-ddp/vN/checkpoint-M"
+    ]
+    infer = swift_cli.parse(shown["infer"], InferArguments)
+    assert infer["model"] == export["output_dir"] and infer["system"] == finetune.SYSTEM
+    assert (infer["temperature"], infer["max_new_tokens"], infer["torch_dtype"]) == (0.0, 96, "bfloat16")

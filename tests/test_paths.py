@@ -89,3 +89,8 @@ def test_prune_refuses_a_keep_that_is_not_a_count(tmp_path, monkeypatch):
     for keep in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="must be a whole number"):
             paths.prune_outputs(keep)
+
+
+def test_paths_are_shown_relative_to_the_repository(tmp_path):
+    assert paths.shown(paths.ROOT / "build" / "outputs" / "x") == "build/outputs/x"
+    assert paths.shown(tmp_path / "y") == str(tmp_path / "y")  # outside the repository: as it is

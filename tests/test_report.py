@@ -65,3 +65,14 @@ def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
     md, _ = runner.write_report(tmp_path, [run], context)
     [row] = [line for line in md.read_text().splitlines() if line.startswith("| gap")]
     assert row == "| gap | 0.5 | \\|a - b\\| over two lines |"
+
+
+def test_gpu_peak_records_only_where_cuda_ran(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert report.gpu_peak("07") is None and capsys.readouterr().out == ""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    assert report.gpu_peak("07") == 3.0
+    assert "07_gpu_peak_gib = 3" in capsys.readouterr().out
