@@ -583,6 +583,14 @@ def theory_traffic(n_params: int, world: int, method: str, bytes_per_value: int 
 # --- 5. the small model the four methods train --------------------------------------------------------
 
 
+def fsdp2_padded_params(model: nn.Module, world: int) -> int:
+    """Values FSDP2 gathers and reduce-scatters for ``model`` on ``world`` ranks: each parameter is cut along
+    dim 0 into ``world`` chunks of ceil(dim0 / world) rows, the last ones padded with zeros
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``FSDPParam._init_sharded_param``: every shard is
+    ``chunks[0]``'s size). Equal to the parameter count when ``world`` divides every dim 0."""
+    return sum(-(-p.shape[0] // world) * world * (p.numel() // p.shape[0]) for p in model.parameters())
+
+
 def small_model(features: int = 32, hidden: int = 128, layers: int = 3, classes: int = 8, seed: int = 0):
     """A float32 MLP: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
     with torch.random.fork_rng():
@@ -622,6 +630,62 @@ WHEN = {
     "zero3": "not even the weights fit on one GPU; more traffic per step",
     "fsdp2": "same memory as ZeRO-3 in plain PyTorch (no DeepSpeed); composes with other torch parallelism",
 }
+
+
+# LoRA on Qwen2.5-7B-Instruct as SWIFT publishes it: the memory each example script states in its first
+# line (modelscope/ms-swift, examples/train/multi-gpu/, file at the commit given), bf16 weights, LoRA rank 8,
+# swift/self-cognition#1000, per-device batch 1. Recorded by SWIFT on its GPUs, at different times and with
+# slightly different flags (the FSDP2 example turns gradient checkpointing off); not measured by this course.
+SWIFT_LORA_7B = [
+    {"method": "DDP", "processes": 2, "gpus": 2, "gib_per_gpu": 27.5, "sharded": "nothing",
+     "source": "ddp/train.sh @ 4d8ab34"},
+    {"method": "DDP + device_map", "processes": 2, "gpus": 4, "gib_per_gpu": 14.0, "sharded": "layers over 2 GPUs a process",
+     "source": "ddp_device_map/train.sh @ 1459bfc"},
+    {"method": "ZeRO-2", "processes": 2, "gpus": 2, "gib_per_gpu": 18.0, "sharded": "LoRA gradients + optimizer states",
+     "source": "deepspeed/train_zero2.sh @ 6488cba"},
+    {"method": "ZeRO-3", "processes": 2, "gpus": 2, "gib_per_gpu": 16.0, "sharded": "+ the frozen weights",
+     "source": "deepspeed/train_zero3.sh @ 3017915"},
+    {"method": "FSDP2", "processes": 2, "gpus": 2, "gib_per_gpu": 14.7, "sharded": "weights, gradients, optimizer states",
+     "source": "fsdp2_lora/train.sh @ 61997b4"},
+]  # fmt: skip
+_WEIGHT_SPLIT = {
+    "DDP": 1,
+    "DDP + device_map": 2,
+    "ZeRO-2": 1,
+    "ZeRO-3": 2,
+    "FSDP2": 2,
+}  # GPUs sharing one copy
+
+
+def lora_parameters(model: nn.Module, rank: int) -> int:
+    """Trainable parameters of LoRA with ``rank`` on every Linear layer but the output head (SWIFT's
+    ``--target_modules all-linear``): r × (in + out) for each, matrices A and B."""
+    return sum(
+        rank * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and not name.endswith("lm_head")
+    )
+
+
+def lora_7b_rows(n_params: int, lora_params: int) -> list[dict]:
+    """SWIFT's published memory per GPU for LoRA on Qwen2.5-7B (:data:`SWIFT_LORA_7B`), next to what the
+    formula says each GPU holds before activations: the frozen bf16 weights (2 bytes each, divided where
+    the method splits them) plus the LoRA parameters' fp32 weights, gradients and Adam moments (16 bytes
+    each, divided by the processes where ZeRO-2/3 or FSDP2 shard them)."""
+    rows = []
+    for example in SWIFT_LORA_7B:
+        split = _WEIGHT_SPLIT[example["method"]]
+        lora_split = example["processes"] if example["method"] in ("ZeRO-2", "ZeRO-3", "FSDP2") else 1
+        formula = (2 * n_params / split + 16 * lora_params / lora_split) / 2**30
+        rows.append({
+            "method": example["method"],
+            "GPUs (processes)": f"{example['gpus']} ({example['processes']})",
+            "sharded": example["sharded"],
+            "weights + LoRA state, GiB/GPU (formula)": round(formula, 1),
+            "GiB/GPU (SWIFT's example)": example["gib_per_gpu"],
+            "source": "SWIFT examples/train/multi-gpu/" + example["source"],
+        })  # fmt: skip
+    return rows
 
 
 def decision_rows(per_rank: dict, traffic: dict, seconds: dict) -> list[dict]:

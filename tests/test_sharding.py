@@ -230,3 +230,37 @@ def test_checkers():
     assert check("08.3", 1.5)
     assert not check("08.3", 1.0)
     assert not check("08.3", None)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_fsdp2_padding_counts_what_torchs_own_chunking_gives_every_rank(world):
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    model = sharding.small_model(hidden=256)
+    per_rank = sum(_chunk_with_empty(p.detach(), world, dim=0)[0].numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())
+    assert sharding.fsdp2_padded_params(model, world) == world * per_rank
+    assert (sharding.fsdp2_padded_params(model, world) == n_params) == (world in (1, 2))  # 8 rows: 3, 7 pad
+
+
+def test_lora_on_qwen25_7b_and_swifts_published_memory_per_strategy():
+    model = parallelism.qwen25_7b_on_meta()
+    lora = sharding.lora_parameters(model, 8)
+    assert lora == 28 * 8 * (
+        2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944)
+    )  # q o, k v, gate up down
+    rows = {r["method"]: r for r in sharding.lora_7b_rows(parallelism.QWEN25_7B_PARAMETERS, lora)}
+    assert list(rows) == ["DDP", "DDP + device_map", "ZeRO-2", "ZeRO-3", "FSDP2"]
+    whole = (2 * parallelism.QWEN25_7B_PARAMETERS + 16 * lora) / 2**30
+    assert rows["DDP"]["weights + LoRA state, GiB/GPU (formula)"] == round(whole, 1)
+    half = rows["ZeRO-3"]["weights + LoRA state, GiB/GPU (formula)"]
+    assert half == rows["FSDP2"]["weights + LoRA state, GiB/GPU (formula)"] and abs(half - whole / 2) < 0.1
+    assert (
+        rows["DDP"]["weights + LoRA state, GiB/GPU (formula)"]
+        - rows["ZeRO-2"]["weights + LoRA state, GiB/GPU (formula)"]
+        < 0.2
+    )  # LoRA's state is small
+    assert all(
+        r["source"].startswith("SWIFT examples/train/multi-gpu/") and r["GiB/GPU (SWIFT's example)"] > 0
+        for r in rows.values()
+    )
