@@ -30,9 +30,8 @@ def outputs(executed) -> dict[str, str]:
 
 
 # Which notebooks run with how many processes: 3 is where 16 does not divide (06, and 07 merging its
-# adapter); 1 is one GPU, where every DDP comparison is skipped. 08 and 09 are left out of 3 (their
-# sharding and checkpointing lessons do not hold for 3 ranks yet: uneven FSDP shards are padded); 2
-# processes pass too (run by hand) but cost make test 3 more minutes, and the smoke course runs 2.
+# adapter); 1 is one GPU, where every DDP comparison is skipped. 08 and 09 with 3 processes, and all four
+# with 2, pass too (run by hand) but would cost make test about 4 more minutes; the smoke course runs 2.
 MATRIX = {3: ["06", "07"], 1: ["06", "08", "09"]}
 
 
@@ -52,7 +51,11 @@ def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
             assert flag in sixth["c14"], flag
         assert "CUDA_VISIBLE_DEVICES=0 swift sft" in sixth["c03b"]  # the 1-GPU command shown before any run
     if "07" in out:
-        assert "--torch_dtype bfloat16" in "".join(out["07"].values())  # merged in the base model's dtype
+        seventh = out["07"]
+        assert "--torch_dtype bfloat16" in "".join(seventh.values())  # merged in the base model's dtype
+        assert "within bfloat16 rounding: True" in seventh["c13"]  # each merged bf16 weight checked
+        assert "in every question here: 'You are a helpful assistant.'" in seventh["c03"]  # 06's system prompt
+        assert "--system 'You are a helpful assistant.'" in seventh["c06b"]
     if "08" in out:  # DeepSpeed's bf16 shards (bf16_zero_pp_rank_*) were found and read
         assert f"'ranks sharded over': {nproc}" in out["08"]["c37"]
     if nproc == 1:  # one GPU: no DDP comparison, said in a sentence, never a failure
@@ -61,6 +64,8 @@ def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
         assert "section 3 runs 2 ranks on the CPU over gloo" in out["08"]["c03"]
         assert "fsdp only works in distributed training" in out["08"]["c39"]
         assert "SWIFT trains in one process, without DDP" in out["09"]["c15"]
+        assert "CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft" in out["08"]["c33b"]  # DeepSpeed: torchrun
+        assert "CUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the 1-GPU command, shown
     if nproc == 3:  # 16 does not divide over 3: the nearest global batch, said in a sentence
         assert "a global batch of 15, the nearest possible" in out["06"]["c14"]
         assert "3 processes × 1 × 5 = 15" in out["06"]["c16"]
