@@ -61,12 +61,19 @@ echo "setup: [3/4] installing the course helpers (editable) ..."
 "$uv" pip install --python .venv/bin/python --quiet --no-deps --no-build-isolation -e .
 packages=$(( $(date +%s) - start ))
 echo "setup: the packages took ${packages} s."
-echo "setup: [4/4] building DeepSpeed's CPU communication kernel (first time: 30 to 45 s on 2 cores) ..."
-# DeepSpeed compiles it when it first starts on a machine without a GPU (notebook 08's SWIFT runs);
-# built here, once, it is cached in ~/.cache/torch_extensions. On GPU machines there is nothing to build.
-if ! .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 \
-    | { grep -v "real_accelerator" || true; }; then
-  echo "setup: the kernel did not build (is a C++ compiler installed?); DeepSpeed will try again when it starts."
+# DeepSpeed compiles its CPU communication kernel when it first starts on a machine without a GPU
+# (notebook 08's SWIFT runs); built here, once, it is cached in ~/.cache/torch_extensions. With CUDA,
+# DeepSpeed talks through NCCL and there is nothing to build; COURSE_CPU_KERNEL=0 skips it too.
+if [ "${COURSE_CPU_KERNEL:-1}" = 0 ]; then
+  echo "setup: [4/4] DeepSpeed's CPU communication kernel skipped (COURSE_CPU_KERNEL=0); notebook 08 builds it if it needs it."
+elif .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "setup: [4/4] CUDA is available: DeepSpeed uses NCCL, no CPU communication kernel to build."
+else
+  echo "setup: [4/4] building DeepSpeed's CPU communication kernel (first time: 30 to 45 s on 2 cores) ..."
+  if ! .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 \
+      | { grep -v "real_accelerator" || true; }; then
+    echo "setup: the kernel did not build (is a C++ compiler installed?); DeepSpeed will try again when it starts."
+  fi
 fi
 echo "$want" > "$stamp"
 seconds=$(( $(date +%s) - start ))
