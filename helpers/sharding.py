@@ -657,16 +657,6 @@ _WEIGHT_SPLIT = {
 }  # GPUs sharing one copy
 
 
-def lora_parameters(model: nn.Module, rank: int) -> int:
-    """Trainable parameters of LoRA with ``rank`` on every Linear layer but the output head (SWIFT's
-    ``--target_modules all-linear``): r × (in + out) for each, matrices A and B."""
-    return sum(
-        rank * (m.in_features + m.out_features)
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and not name.endswith("lm_head")
-    )
-
-
 def lora_7b_rows(n_params: int, lora_params: int) -> list[dict]:
     """SWIFT's published memory per GPU for LoRA on Qwen2.5-7B (:data:`SWIFT_LORA_7B`), next to what the
     formula says each GPU holds before activations: the frozen bf16 weights (2 bytes each, divided where

@@ -245,7 +245,7 @@ def test_fsdp2_padding_counts_what_torchs_own_chunking_gives_every_rank(world):
 
 def test_lora_on_qwen25_7b_and_swifts_published_memory_per_strategy():
     model = parallelism.qwen25_7b_on_meta()
-    lora = sharding.lora_parameters(model, 8)
+    lora = parallelism.lora_parameters(model, 8)
     assert lora == 28 * 8 * (
         2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944)
     )  # q o, k v, gate up down
