@@ -34,11 +34,18 @@ def test_keep_torch_setup_installs_the_rest_and_leaves_the_images_torch_alone(tm
                                capture_output=True, text=True, check=True).stdout.strip())  # fmt: skip
     marker = site / "torch" / "IMAGE_BUILD"  # a file only the image's own torch has
     marker.write_text("the image's torch\n")
-    env = {**os.environ, "COURSE_KEEP_TORCH": "1", "COURSE_CPU_KERNEL": "0"}  # the kernel: 45 s, not this path
+    env = {
+        **os.environ,
+        "COURSE_KEEP_TORCH": "1",
+        "COURSE_CPU_KERNEL": "0",
+    }  # the kernel: 45 s, not this path
     done = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"setup: keeping torch {torch_version}." in done.stdout
-    assert "requirements-lock-no-torch.txt" in done.stdout and "kernel skipped (COURSE_CPU_KERNEL=0)" in done.stdout
+    assert (
+        "requirements-lock-no-torch.txt" in done.stdout
+        and "kernel skipped (COURSE_CPU_KERNEL=0)" in done.stdout
+    )
     assert marker.is_file(), "setup replaced the torch that was already in .venv"
     check = subprocess.run(
         [python, "-c", "import deepspeed, swift, torch, transformers; from helpers import environment; "
@@ -46,4 +53,6 @@ def test_keep_torch_setup_installs_the_rest_and_leaves_the_images_torch_alone(tm
         cwd=repo, capture_output=True, text=True,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr[-2000:]
-    assert check.stdout.split()[0] == torch_version
+    assert (
+        check.stdout.strip().splitlines()[-1].split()[0] == torch_version
+    )  # the last line: deepspeed logs first
