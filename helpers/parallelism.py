@@ -375,10 +375,21 @@ class Recipe:
 
 
 FP32_ADAM = Recipe("fp32_adam", "fp32 Adam", weights=4, gradients=4, master_weights=0, adam_moments=8)
-BF16_MIXED_ADAM = Recipe(
-    "bf16_mixed_adam", "bf16 mixed-precision Adam", weights=2, gradients=2, master_weights=4, adam_moments=8
+# torch.autocast over fp32 weights: what the HF Trainer does with bf16=True on an fp32 model. The matrix
+# products run in bf16, but the weights, their gradients (so DDP's all-reduce) and Adam stay fp32.
+AUTOCAST_BF16_ADAM = Recipe(
+    "autocast_bf16_adam", "fp32 weights + bf16 autocast", weights=4, gradients=4, master_weights=0, adam_moments=8
 )
-RECIPES = (FP32_ADAM, BF16_MIXED_ADAM)
+# bf16 weights and gradients with an fp32 master copy in the optimizer: DeepSpeed's and Megatron's recipe.
+BF16_MIXED_ADAM = Recipe(
+    "bf16_mixed_adam",
+    "bf16 mixed-precision Adam (DeepSpeed, Megatron)",
+    weights=2,
+    gradients=2,
+    master_weights=4,
+    adam_moments=8,
+)
+RECIPES = (FP32_ADAM, AUTOCAST_BF16_ADAM, BF16_MIXED_ADAM)
 
 QWEN25_7B_SIZES = {
     "hidden_size": 3584,

@@ -240,14 +240,16 @@ def test_bytes_per_parameter():
     for recipe in par.RECIPES:
         assert sum(recipe.parts().values()) == recipe.total
         assert sum(par.training_state(1000, recipe).values()) == 16_000
-    assert [r.key for r in par.RECIPES] == ["fp32_adam", "bf16_mixed_adam"]
+    assert [r.key for r in par.RECIPES] == ["fp32_adam", "autocast_bf16_adam", "bf16_mixed_adam"]
+    assert par.AUTOCAST_BF16_ADAM.parts() == par.FP32_ADAM.parts()  # autocast keeps every state in fp32
 
 
 def test_memory_rows():
     rows = par.memory_rows({"seven": 7_000_000_000})
     assert [r["recipe"] for r in rows] == [r.name for r in par.RECIPES]
     assert all(abs(r["total GB per worker"] - 112.0) < 1e-9 for r in rows)
-    assert rows[1]["optimizer states GB"] == pytest.approx(84.0)
+    assert rows[1]["optimizer states GB"] == pytest.approx(56.0)  # autocast: Adam's fp32 moments only
+    assert rows[2]["optimizer states GB"] == pytest.approx(84.0)  # + DeepSpeed's fp32 master copy
     assert rows[0]["parameters"] == "7.00 B"
 
 
@@ -282,7 +284,7 @@ def test_plots_draw_what_they_are_given():
     assert len(fig.axes) == 3
     per_param = fig.axes[0].containers  # one BarContainer per kind of state, stacked
     totals = [sum(c.patches[k].get_height() for c in per_param) for k in range(len(par.RECIPES))]
-    assert totals == [16, 16]
+    assert totals == [16, 16, 16]
     assert fig.axes[2].get_title().startswith("big\n(2.00 B")
     from helpers import plots
 
