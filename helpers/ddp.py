@@ -593,6 +593,26 @@ def best_caps(sweep: list[dict]) -> dict:
     return {network: r["cap_mb"] for network, r in best.items()}
 
 
+def clearly_faster(fast: list[float], slow: list[float]) -> bool:
+    """True when the spread supports "faster": every quartile apart, ``fast``'s upper quartile below
+    ``slow``'s lower quartile. Timings on a shared machine move by tens of percent; medians alone do not."""
+    import statistics
+
+    if len(fast) < 2 or len(slow) < 2:
+        return False
+    return statistics.quantiles(fast, n=4)[2] < statistics.quantiles(slow, n=4)[0]
+
+
+def best_cap_is_clear(sweep: list[dict]) -> dict:
+    """network -> whether its best bucket_cap_mb (by median) is :func:`clearly_faster` than the runner-up
+    (rows need the step times in ``samples``)."""
+    clear = {}
+    for network in dict.fromkeys(r["network"] for r in sweep):
+        rows = sorted((r for r in sweep if r["network"] == network), key=lambda r: r["seconds"])
+        clear[network] = len(rows) > 1 and clearly_faster(rows[0]["samples"], rows[1]["samples"])
+    return clear
+
+
 def peak_busbw(rows: list[dict]) -> dict:
     """implementation -> its highest busbw (GB/s) over all message sizes."""
     peaks = {}
@@ -684,9 +704,17 @@ def plot_sweep(sweep: list[dict], refs: dict):
         logx=True,
         refs=refs,
         xlabel="bucket_cap_mb (MiB)",
-        ylabel="ms per training step (median, measured)",
+        ylabel="ms per training step (median and quartiles)",
         title="Bucket size against step time",
     )
+    for i, n in enumerate(networks):  # the spread: the middle half of the timed steps at each cap
+        rows = [r for r in sweep if r["network"] == n and r.get("samples")]
+        if len(rows) == len(caps):
+            import statistics
+
+            quartiles = [statistics.quantiles(r["samples"], n=4) for r in rows]
+            ax.fill_between(caps, [q[0] * 1e3 for q in quartiles], [q[2] * 1e3 for q in quartiles],
+                            color=plots.PALETTE[i % len(plots.PALETTE)], alpha=0.15, lw=0)  # fmt: skip
     ax.set_xticks(caps, [f"{c:g}" for c in caps])
     ax.minorticks_off()
     ax.set_ylim(bottom=0)

@@ -293,5 +293,12 @@ def test_summaries_of_the_measurements():
         {"network": "simulated", "cap_mb": 1, "seconds": 0.1},
     ]
     assert ddp.best_caps(sweep) == {"gloo": 25, "simulated": 1}
+    apart, overlapping = [0.20, 0.21, 0.22, 0.23], [0.30, 0.31, 0.29, 0.32]
+    assert ddp.clearly_faster(apart, overlapping) and not ddp.clearly_faster(overlapping, apart)
+    assert not ddp.clearly_faster([0.20, 0.25, 0.30, 0.35], [0.28, 0.33, 0.38, 0.43])  # quartiles overlap
+    assert not ddp.clearly_faster([0.1], [0.5])  # one sample has no spread
+    for row, samples in zip(sweep, ([0.31, 0.30, 0.29], [0.2, 0.21, 0.19], [0.1, 0.1, 0.1]), strict=True):
+        row["samples"] = samples
+    assert ddp.best_cap_is_clear(sweep) == {"gloo": True, "simulated": False}  # one cap: no runner-up
     rows = [{"implementation": "a", "busbw GB/s": 1.0}, {"implementation": "a", "busbw GB/s": 3.0}]
     assert ddp.peak_busbw(rows) == {"a": 3.0}
