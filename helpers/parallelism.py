@@ -378,7 +378,12 @@ FP32_ADAM = Recipe("fp32_adam", "fp32 Adam", weights=4, gradients=4, master_weig
 # torch.autocast over fp32 weights: what the HF Trainer does with bf16=True on an fp32 model. The matrix
 # products run in bf16, but the weights, their gradients (so DDP's all-reduce) and Adam stay fp32.
 AUTOCAST_BF16_ADAM = Recipe(
-    "autocast_bf16_adam", "fp32 weights + bf16 autocast", weights=4, gradients=4, master_weights=0, adam_moments=8
+    "autocast_bf16_adam",
+    "fp32 weights + bf16 autocast",
+    weights=4,
+    gradients=4,
+    master_weights=0,
+    adam_moments=8,
 )
 # bf16 weights and gradients with an fp32 master copy in the optimizer: DeepSpeed's and Megatron's recipe.
 BF16_MIXED_ADAM = Recipe(

@@ -54,7 +54,9 @@ def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
         seventh = out["07"]
         assert "--torch_dtype bfloat16" in "".join(seventh.values())  # merged in the base model's dtype
         assert "within bfloat16 rounding: True" in seventh["c13"]  # each merged bf16 weight checked
-        assert "in every question here: 'You are a helpful assistant.'" in seventh["c03"]  # 06's system prompt
+        assert (
+            "in every question here: 'You are a helpful assistant.'" in seventh["c03"]
+        )  # 06's system prompt
         assert "--system 'You are a helpful assistant.'" in seventh["c06b"]
     if "08" in out:  # DeepSpeed's bf16 shards (bf16_zero_pp_rank_*) were found and read
         assert f"'ranks sharded over': {nproc}" in out["08"]["c37"]
