@@ -21,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from helpers import report
-from helpers.exercises import checker
+from helpers.errors import CourseError
+from helpers.exercises import NotAnswered, checker
 
 MiB = 2**20  # DDP's bucket_cap_mb counts in these units
 TORCHRUN_VARS = (
@@ -750,6 +751,175 @@ def show(fn) -> str:
 
 
 # --- exercises --------------------------------------------------------------------------------------
+
+
+def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
+    """Run ``fn(rank, world)`` on ``world`` ranks of a gloo process group and return each rank's result.
+
+    For exercises: the ranks are processes *forked* from this one, so a function written in a notebook
+    cell runs on real ranks without being saved to a file first. A failure on any rank stops all of them
+    and comes back as one sentence naming the rank; so does a rank still waiting after ``timeout`` seconds.
+    """
+    import multiprocessing
+    import traceback
+    from datetime import timedelta
+
+    from helpers.launching import free_port
+
+    context = multiprocessing.get_context("fork")
+    results, port = context.Queue(), free_port()
+
+    def rank_main(rank):
+        try:
+            import torch
+            import torch.distributed as dist
+
+            torch.set_num_threads(1)  # the fork copies no thread pool: stay single-threaded in the child
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                timeout=timedelta(seconds=timeout),
+            )  # fmt: skip
+            try:
+                results.put((rank, True, fn(rank, world)))
+            finally:
+                dist.destroy_process_group()
+        except NotAnswered:
+            results.put((rank, None, None))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it was
+            frames = traceback.extract_tb(exc.__traceback__)
+            mine = [f for f in frames if "site-packages" not in f.filename and "/helpers/" not in f.filename]
+            where = (mine or frames)[-1]  # the deepest line of the learner's own code, when there is one
+            results.put((rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})"))
+        finally:
+            results.close()
+            results.join_thread()  # the result is in the pipe before the process ends
+            os._exit(0)  # leave at once: the kernel's exit handlers belong to the parent
+
+    ranks = [context.Process(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    for process in ranks:
+        process.start()
+    found, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(found) < world:
+            try:
+                rank, ok, value = results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise CourseError(
+                        f"the {world} ranks did not all finish within {timeout:g} s: is one rank waiting in a "
+                        "collective that another never calls?"
+                    ) from None
+                continue
+            if ok is None:
+                raise NotAnswered
+            if not ok:
+                raise CourseError(f"rank {rank} failed: {value}")
+            found[rank] = value
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+    return [found[r] for r in range(world)]
+
+
+def _forbidden(name: str, instead: str):
+    def refuse(*args, **kwargs):
+        raise CourseError(f"this exercise is built from {instead}, without dist.{name}")
+
+    return refuse
+
+
+@checker("03.4")
+def _all_reduce_in_two(fn):
+    """A function (tensor) -> the sum of every rank's ``tensor``, made of a reduce-scatter and an all-gather."""
+    import torch
+    import torch.distributed as dist
+
+    def rank_part(rank, world):
+        dist.all_reduce = _forbidden("all_reduce", "a reduce-scatter and an all-gather")  # this child only
+        got = {}
+        for length in (world, 4 * world, 12 * world):
+            mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
+            before = mine.clone()
+            out = fn(mine)
+            if out is None:
+                raise NotAnswered
+            got[length] = (None if out is None else torch.as_tensor(out).tolist(), torch.equal(mine, before))
+        return got
+
+    for world in (2, 3):
+        try:
+            per_rank = on_ranks(rank_part, world, timeout=30)
+        except CourseError as error:
+            return False, str(error)
+        for length in (world, 4 * world, 12 * world):
+            want = sum(
+                torch.arange(length, dtype=torch.float64) * (r + 1) + 0.5 * r for r in range(world)
+            ).tolist()
+            for rank, got in enumerate(per_rank):
+                values, untouched = got[length]
+                if values != want:
+                    return (
+                        False,
+                        f"with {world} ranks and {length} numbers each, rank {rank} got {values}, not {want}.",
+                    )
+                if not untouched:
+                    return (
+                        False,
+                        "return a new tensor and leave the input as it was (the caller may still need it).",
+                    )
+    return True, (
+        "Reduce-scatter leaves each rank with one summed piece; all-gather hands every piece to everyone. "
+        "That is the ring all-reduce's two phases, and why ZeRO and FSDP can stop after the first one."
+    )
+
+
+@checker("03.5")
+def _averaging_hook(fn):
+    """A DDP comm hook (state, bucket) -> Future that averages the bucket over the ranks."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    unanswered = []
+
+    def yours(
+        state, bucket
+    ):  # the learner's hook; a body of `...` returns None: pass the bucket on unchanged
+        future = fn(state, bucket)
+        if future is None:
+            unanswered.append(True)
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+        return future
+
+    def rank_part(rank, world):
+        grads = {}
+        for name, hook in (("theirs", None), ("yours", yours)):
+            net = DDP(mlp(ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1)
+            if hook is not None:
+                net.register_comm_hook(None, hook)
+            x, y = make_batch(ANATOMY_WIDTHS, 8, rank, "cpu")
+            F.mse_loss(net(x), y).backward()
+            grads[name] = [p.grad.clone() for p in net.parameters()]
+        if unanswered:
+            raise NotAnswered
+        return max(float((a - b).abs().max()) for a, b in zip(grads["theirs"], grads["yours"], strict=True))
+
+    try:
+        gaps = on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    if max(gaps) > 1e-6:
+        return False, (
+            f"the gradients differ from DDP's own by up to {max(gaps):.3g}: average, do not just add "
+            "(divide by dist.get_world_size()), and return the future of the all-reduce."
+        )
+    return True, (
+        "A comm hook gets each bucket as one flat tensor and returns a future of the averaged bucket; "
+        "compression hooks and PowerSGD are hooks of this shape."
+    )
 
 
 @checker("03.1")

@@ -14,6 +14,11 @@ _CHECKERS: dict[str, Callable] = {}
 NOT_ANSWERED = (None, Ellipsis)
 
 
+class NotAnswered(Exception):
+    """Raised by a checker that finds the learner's function still returning None (its body is ``...``)
+    where it cannot be watched from here, e.g. on ranks forked by ``ddp.on_ranks``."""
+
+
 def checker(exercise: str):
     """Register ``fn(answer) -> (ok, message)`` as the checker of ``exercise``."""
 
@@ -63,6 +68,9 @@ def check(exercise: str, answer) -> Verdict:
 
     try:
         ok, message = _CHECKERS[exercise](answer)
+    except NotAnswered:
+        print(unanswered)
+        return Verdict(False)
     except Exception as exc:  # a wrong type of answer is feedback, not a crash
         ok, message = False, f"the answer could not be checked ({type(exc).__name__}: {exc})"
     if returned and all(r is None for r in returned):  # the body is still `...`

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from helpers import ddp, launching
+from helpers.errors import CourseError
 from helpers.exercises import check
 
 MiB = ddp.MiB
@@ -302,3 +303,83 @@ def test_summaries_of_the_measurements():
     assert ddp.best_cap_is_clear(sweep) == {"gloo": True, "simulated": False}  # one cap: no runner-up
     rows = [{"implementation": "a", "busbw GB/s": 1.0}, {"implementation": "a", "busbw GB/s": 3.0}]
     assert ddp.peak_busbw(rows) == {"a": 3.0}
+
+
+def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or_hung_rank():
+    import torch
+    import torch.distributed as dist
+
+    def total(rank, world):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return (rank, world, t.item())
+
+    assert ddp.on_ranks(total, 3) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)]
+
+    def fails_on_one(rank, world):
+        if rank == 1:
+            raise ValueError("bad shard")
+        return rank
+
+    with pytest.raises(
+        CourseError, match=r"rank 1 failed: ValueError: bad shard \(line \d+, in fails_on_one\)"
+    ):
+        ddp.on_ranks(fails_on_one, 2)
+
+    def waits_alone(rank, world):
+        if rank == 0:
+            dist.all_reduce(torch.ones(1))  # rank 1 never joins this collective
+        else:
+            time.sleep(30)
+
+    start = time.monotonic()
+    with pytest.raises(CourseError, match="did not all finish within 3 s"):
+        ddp.on_ranks(waits_alone, 2, timeout=3)
+    assert time.monotonic() - start < 10
+
+
+def test_exercises_03_4_and_03_5_run_the_learners_code_on_ranks():
+    import torch
+    import torch.distributed as dist
+
+    def in_two(tensor):
+        world = dist.get_world_size()
+        mine = torch.empty(tensor.numel() // world, dtype=tensor.dtype)
+        dist.reduce_scatter(mine, list(tensor.chunk(world)))
+        pieces = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(pieces, mine)
+        return torch.cat(pieces)
+
+    def with_all_reduce(tensor):
+        out = tensor.clone()
+        dist.all_reduce(out)
+        return out
+
+    def in_place(tensor):
+        tensor.copy_(in_two(tensor))
+        return tensor
+
+    assert check("03.4", in_two)
+    assert not check("03.4", with_all_reduce)  # the point is to build it from the two halves
+    assert not check("03.4", in_place)
+    assert not check("03.4", lambda tensor: tensor * dist.get_world_size())
+
+    def average(state, bucket):
+        t = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(t, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    def add(state, bucket):
+        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    assert check("03.5", average)
+    assert not check("03.5", add)
+
+
+def test_a_distributed_exercise_left_as_a_stub_is_not_answered_yet(capsys):
+    def stub(*args):
+        ...
+
+    start = time.monotonic()
+    assert not check("03.4", stub) and not check("03.5", stub)
+    assert capsys.readouterr().out.count("not answered yet") == 2
+    assert time.monotonic() - start < 20  # said at once, not after a timeout
