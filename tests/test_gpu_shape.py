@@ -10,6 +10,7 @@ import json
 
 import nbformat
 import pytest
+import swift_cli
 
 from helpers import profiles, runner
 
@@ -68,6 +69,14 @@ def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
         assert "SWIFT trains in one process, without DDP" in out["09"]["c15"]
         assert "CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft" in out["08"]["c33b"]  # DeepSpeed: torchrun
         assert "CUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the 1-GPU command, shown
+        from swift import SftArguments
+
+        for shown in (out["08"]["c33b"], out["09"]["c14"]):  # every printed gpu command is SWIFT's own
+            for command in shown.split("\n\n"):
+                if command.lstrip().startswith("# ") and " swift sft " in command:  # the commands shown
+                    got = swift_cli.parse(command[command.index("CUDA_VISIBLE_DEVICES") :], SftArguments)
+                    assert got["torch_dtype"] == "bfloat16" and got["model"] == "Qwen/Qwen2.5-7B-Instruct"
+        assert "--dtype bfloat16" in out["09"]["c34"]  # 09's checkpointing measurement: bf16, not float32
     if nproc == 3:  # 16 does not divide over 3: the nearest global batch, said in a sentence
         assert "a global batch of 15, the nearest possible" in out["06"]["c14"]
         assert "3 processes × 1 × 5 = 15" in out["06"]["c16"]
