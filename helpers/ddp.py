@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import os
 import queue
 import random
@@ -20,7 +19,6 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from helpers import report
 from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, checker
 
@@ -741,13 +739,6 @@ def plot_buckets(found: dict, sizes: dict):
 
 
 # --- showing code in the notebook -----------------------------------------------------------------
-
-
-def show(fn) -> str:
-    """Display a function's source code as a Markdown code block (so a lesson can read what it runs)."""
-    source = inspect.getsource(fn)
-    report.markdown(f"```python\n{source.rstrip()}\n```", plain=source)
-    return source
 
 
 # --- exercises --------------------------------------------------------------------------------------

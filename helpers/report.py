@@ -91,6 +91,15 @@ def table(rows: list[dict], columns: list[str] | None = None):
     return text
 
 
+def show_source(fn) -> str:
+    """Display a function's source code as a Markdown code block, so a lesson shows what it runs."""
+    import inspect
+
+    source = inspect.getsource(fn)
+    markdown(f"```python\n{source.rstrip()}\n```", plain=source)
+    return source
+
+
 def markdown(text: str, plain: str | None = None) -> None:
     """Render ``text`` as Markdown in Jupyter; print ``plain`` (default: the text) elsewhere."""
     try:

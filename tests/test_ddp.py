@@ -161,8 +161,11 @@ def test_the_models_and_their_fingerprints():
     assert ddp.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
 
 
-def test_show_returns_the_source():
-    assert "def ring_all_reduce" in ddp.show(ddp.ring_all_reduce)
+def test_show_source_returns_the_source(capsys):
+    from helpers import report
+
+    assert "def ring_all_reduce" in report.show_source(ddp.ring_all_reduce)
+    assert "def ring_all_reduce" in capsys.readouterr().out  # outside Jupyter it is printed
 
 
 # --- the exercises --------------------------------------------------------------------------------
