@@ -107,6 +107,27 @@ def _first_code_line(source: str) -> str:
     return source.strip().splitlines()[0] if source.strip() else ""
 
 
+def _ipc_kernel_manager():
+    """A kernel manager whose kernels talk over local files (ZeroMQ's ipc transport) in build/kernels/.
+
+    Over TCP (the default) ipykernel warns at every start that it runs "over TCP without encryption",
+    once per notebook of a run; with ipc nothing listens on a port and there is nothing to warn about.
+    """
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IpcKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return "ipc"
+
+        @default("ip")
+        def _ip_default(self):
+            return str(paths.run_dir("kernels") / "kernel")  # the socket files' prefix; removed at shutdown
+
+    return IpcKernelManager
+
+
 def execute(
     notebook: Path,
     out: Path,
@@ -132,6 +153,7 @@ def execute(
                 kernel_name="python3",
                 progress_bar=progress,
                 execution_timeout=cell_timeout,
+                kernel_manager_class=_ipc_kernel_manager(),
             )
             run.status = "passed"
         except pm.PapermillExecutionError as exc:

@@ -85,7 +85,7 @@ def mini_notebook(path, fails: bool):
     nbformat.write(nb, path)
 
 
-def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capsys):
+def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capfd):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
     names = ["01_first", "02_second", "10_tenth"]
@@ -107,7 +107,9 @@ def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capsy
     index = (build / "index.html").read_text()
     positions = [index.index(f"html/{name}.html") for name in names]
     assert positions == sorted(positions), "index.html must list the notebooks in course order"
-    out = capsys.readouterr().out
+    out, err = capfd.readouterr()  # the kernels' own stderr too
+    assert "without encryption" not in err  # ipc transport: no TCP warning from every kernel
+    assert not list((build / "kernels").iterdir())  # and no socket file left behind
     assert f"Report: {build / 'report.md'}" in out
     assert "Outputs: " in out and "make prune KEEP=2" in out
     assert "| answer | 42 |" in (build / "report.md").read_text()
