@@ -672,3 +672,71 @@ def _resume(fn):
                         f"after step {step} with {spe} steps/epoch and accum {accum}: {want}, not {got}.",
                     )
     return True, "divmod gives the epoch and the steps done in it; each step used `accum` micro-batches."
+
+
+@checker("04.4")
+def _accumulation_step(fn):
+    """A function (net, optimizer, micro_batches) -> None: one optimizer step over the micro-batches, with
+    DDP's all-reduce once, at the last one."""
+    from helpers import ddp
+    from helpers.exercises import NotAnswered
+
+    def rank_part(rank, world):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        g = torch.Generator().manual_seed(rank)
+        micro = [
+            (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
+            for _ in range(4)
+        ]
+        reduced = []
+
+        def counting(state, bucket):
+            reduced.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        yours, reference = DDP(toy_model(hidden=64)), DDP(toy_model(hidden=64))
+        yours.register_comm_hook(None, counting)
+        opt_yours = torch.optim.SGD(yours.parameters(), lr=0.1)
+        opt_reference = torch.optim.SGD(reference.parameters(), lr=0.1)
+        if fn(yours, opt_yours, micro) is not None:
+            return "returned"
+        x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])  # one batch of them all
+        opt_reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt_reference.step()
+        gap = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), reference.parameters(), strict=True)
+        )
+        moved = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), toy_model(hidden=64).parameters(), strict=True)
+        )
+        if moved == 0:
+            raise NotAnswered
+        return {
+            "all_reduces": len(reduced),
+            "buckets": len(set(reduced)),
+            "gap": gap,
+        }
+
+    try:
+        results = ddp.on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    first = results[0]
+    if first == "returned":
+        return False, "the step changes the model in place and returns nothing (None)."
+    if first["all_reduces"] > first["buckets"]:
+        return False, (
+            f"DDP all-reduced {first['all_reduces']} buckets for one optimizer step, not {first['buckets']}: the "
+            "forward pass must be inside no_sync() as well, since DDP decides in forward whether backward syncs."
+        )
+    if max(r["gap"] for r in results) > 1e-6:
+        return False, (
+            f"the weights differ from one step on all the micro-batches at once by {max(r['gap'] for r in results):.3g}: "
+            "divide each micro-batch's loss by their number, zero the gradients once, and step once at the end."
+        )
+    return True, "One all-reduce per optimizer step, and the same update as one large batch."

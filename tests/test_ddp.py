@@ -379,8 +379,7 @@ def test_exercises_03_4_and_03_5_run_the_learners_code_on_ranks():
 
 
 def test_a_distributed_exercise_left_as_a_stub_is_not_answered_yet(capsys):
-    def stub(*args):
-        ...
+    def stub(*args): ...
 
     start = time.monotonic()
     assert not check("03.4", stub) and not check("03.5", stub)

@@ -260,3 +260,39 @@ def test_checkers_accept_the_right_answers_and_reject_wrong_ones(capsys):
     assert check("04.3", lambda s, spe, a: (s // spe, (s % spe) * a))
     assert not check("04.3", lambda s, spe, a: (s // spe, s % spe))
     assert "not yet" in capsys.readouterr().out
+
+
+def test_exercise_04_4_runs_the_accumulation_step_on_ranks_and_catches_forward_outside_no_sync(capsys):
+    import contextlib
+
+    def right(net, optimizer, micro_batches):
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
+                (F.cross_entropy(net(x), y) / len(micro_batches)).backward()
+        optimizer.step()
+
+    def backward_only(net, optimizer, micro_batches):
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            loss = F.cross_entropy(net(x), y) / len(micro_batches)
+            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
+                loss.backward()
+        optimizer.step()
+
+    def unscaled(net, optimizer, micro_batches):
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
+                F.cross_entropy(net(x), y).backward()
+        optimizer.step()
+
+    def stub(net, optimizer, micro_batches): ...
+
+    assert check("04.4", right)
+    assert (
+        not check("04.4", backward_only)
+        and "forward pass must be inside no_sync()" in capsys.readouterr().out
+    )
+    assert not check("04.4", unscaled)
+    assert not check("04.4", stub) and "not answered yet" in capsys.readouterr().out
