@@ -836,7 +836,7 @@ def _all_reduce_in_two(fn):
             out = fn(mine)
             if out is None:
                 raise NotAnswered
-            got[length] = (None if out is None else torch.as_tensor(out).tolist(), torch.equal(mine, before))
+            got[length] = (torch.as_tensor(out).tolist(), torch.equal(mine, before))
         return got
 
     for world in (2, 3):
@@ -875,9 +875,8 @@ def _averaging_hook(fn):
 
     unanswered = []
 
-    def yours(
-        state, bucket
-    ):  # the learner's hook; a body of `...` returns None: pass the bucket on unchanged
+    def yours(state, bucket):
+        """The learner's hook; one whose body is still `...` returns None: pass the bucket on unchanged."""
         future = fn(state, bucket)
         if future is None:
             unanswered.append(True)
