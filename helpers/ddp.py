@@ -620,6 +620,52 @@ def peak_busbw(rows: list[dict]) -> dict:
     return peaks
 
 
+def fit_alpha_beta(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """The latency-bandwidth (alpha-beta) cost model ``t = alpha + beta * bytes``, fitted to measurements.
+
+    alpha is the fixed cost of one message (s), beta the time per byte (s/B), so 1/beta is the bandwidth
+    the messages saw. Least squares on the *relative* error, so a 1 ms message counts as much as a 1 s
+    one; alpha is kept >= 0 (a latency below what the sizes can resolve is fitted as 0). Raises
+    CourseError on fewer than two distinct sizes or times that do not grow with size.
+    """
+    if len(nbytes) != len(seconds) or len(set(nbytes)) < 2 or min(seconds) <= 0:
+        raise CourseError(
+            f"an alpha-beta fit needs two or more distinct message sizes and positive times, got {nbytes!r}, {seconds!r}."
+        )
+    # weighted least squares, weight 1/t^2: solve the 2x2 normal equations
+    w = [1 / t**2 for t in seconds]
+    sw = sum(w)
+    sx = sum(wi * x for wi, x in zip(w, nbytes, strict=True))
+    sxx = sum(wi * x * x for wi, x in zip(w, nbytes, strict=True))
+    sy = sum(wi * y for wi, y in zip(w, seconds, strict=True))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, nbytes, seconds, strict=True))
+    beta = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    alpha = (sy - beta * sx) / sw
+    if alpha < 0:  # no latency the data can see: the best line through the origin
+        alpha, beta = 0.0, sxy / sxx
+    if not beta > 0:
+        raise CourseError(
+            f"the times {seconds!r} do not grow with the message size, so they fit no bandwidth."
+        )
+    return alpha, beta
+
+
+def paired_speedups(steps: list[dict]) -> list[float]:
+    """no-overlap time / overlap time for each pair of neighbouring steps (they alternate, so a machine
+    that gets busier slows both halves of a pair alike)."""
+    with_ = [s["seconds"] for s in steps if s["overlap"]]
+    without = [s["seconds"] for s in steps if not s["overlap"]]
+    return [b / a for a, b in zip(with_, without, strict=True)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median, upper quartile (the median three times for a single value)."""
+    if len(values) < 2:
+        return (values[0],) * 3
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
 def median_seconds(steps: list[dict], overlap: bool) -> float:
     return statistics.median(s["seconds"] for s in steps if s["overlap"] == overlap)
 
@@ -661,6 +707,44 @@ def plot_bandwidth(rows: list[dict], copy_gbps: float):
         ax.set_xticks(sizes, [human_bytes(s) for s in sizes], rotation=45)
         ax.minorticks_off()
     fig.suptitle("All-reduce bandwidth on this machine, slowest rank of each size")
+    fig.tight_layout()
+    return fig
+
+
+def plot_link(links: dict, fits: dict):
+    """All-reduce time against message size on each lab link (median, bars from fastest to slowest
+    repeat) with the fitted alpha-beta line: what was measured beside what the cost model predicts."""
+    import matplotlib.pyplot as plt
+
+    from helpers import plots
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.3))
+    for i, (rate, rows) in enumerate(links.items()):
+        color = plots.PALETTE[i % len(plots.PALETTE)]
+        sizes = [r["bytes"] for r in rows]
+        mid = [statistics.median(r["samples"]) * 1e3 for r in rows]
+        low = [m - min(r["samples"]) * 1e3 for m, r in zip(mid, rows, strict=True)]
+        high = [max(r["samples"]) * 1e3 - m for m, r in zip(mid, rows, strict=True)]
+        ax.errorbar(
+            sizes,
+            mid,
+            yerr=[low, high],
+            fmt="o",
+            color=color,
+            capsize=3,
+            label=f"{rate:g} Mbit/s link, measured",
+        )
+        alpha, beta = fits[rate]
+        ax.plot(sizes, [(alpha + beta * x) * 1e3 for x in sizes], ls="--", color=color,
+                label=f"alpha-beta fit: {alpha * 1e3:.2f} ms + bytes / ({1 / beta * 8 / 1e6:.0f} Mbit/s)")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [human_bytes(x) for x in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("message size (2 nodes: each node sends this many bytes)")
+    ax.set_ylabel("all-reduce time (ms), measured")
+    ax.set_title("A real rate-limited link: measured against the alpha-beta model")
+    ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -33,6 +33,8 @@ RANK_PREFIX = "[rank${rank}]:"
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(?:\[rank\1\]: ?)?(.*)$")  # torch may add its own prefix
 _LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
 _LAUNCHER_CHATTER = re.compile(r"^[WI]\d{4} ")  # its warnings and info: kept in .lines, not shown
+# c10d looks up a name for each peer's address; the lab's addresses have none (kept in .lines, not shown)
+_NO_HOSTNAME = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
 _TAIL = 12
 TEARDOWN_ABORT = "terminate called without an active exception"  # gloo, in interpreter teardown
 
@@ -235,7 +237,7 @@ class Launch:
             match = _RANK_LINE.match(line)
             if match:
                 self.per_rank[int(match.group(1))].append(match.group(2))
-            if show and not _LAUNCHER_CHATTER.match(line):
+            if show and not _LAUNCHER_CHATTER.match(line) and not _NO_HOSTNAME.search(line):
                 print(f"{tag}{line}", flush=True)
 
     def stop(self) -> int:
@@ -374,17 +376,23 @@ def prepare_torchrun(
     nnodes: int = 1,
     node_rank: int = 0,
     master_port: int | None = None,
+    master_addr: str = "127.0.0.1",
     max_restarts: int = 0,
     timeout: float = 600,
     env: dict | None = None,
     label: str | None = None,
+    prefix: list[str] | None = None,
 ) -> Launch:
-    """A torchrun launch of ``script`` (not started yet: pass it to :func:`run`)."""
+    """A torchrun launch of ``script`` (not started yet: pass it to :func:`run`).
+
+    ``prefix`` goes in front of ``torchrun``: ``ip netns exec <node>`` runs it on a node of a
+    :class:`helpers.netlab.Lab`, with that lab's address of node 0 as ``master_addr``.
+    """
     log_dir = _log_dir(Path(str(script)).stem)
-    argv = ["torchrun", "--nproc-per-node", nproc]
+    argv = [*(prefix or []), "torchrun", "--nproc-per-node", nproc]
     if nnodes > 1:
         argv += ["--nnodes", nnodes, "--node-rank", node_rank]
-    argv += ["--master-addr", "127.0.0.1", "--master-port", master_port or free_port()]
+    argv += ["--master-addr", master_addr, "--master-port", master_port or free_port()]
     if max_restarts:
         argv += ["--max-restarts", max_restarts]
     argv += ["--tee", "3", "--log-dir", log_dir, script, *args]

@@ -385,3 +385,23 @@ def test_a_distributed_exercise_left_as_a_stub_is_not_answered_yet(capsys):
     assert not check("03.4", stub) and not check("03.5", stub)
     assert capsys.readouterr().out.count("not answered yet") == 2
     assert time.monotonic() - start < 20  # said at once, not after a timeout
+
+
+def test_alpha_beta_fit_recovers_a_line_and_keeps_latency_non_negative():
+    sizes = [2**18, 2**20, 2**22, 2**24]
+    alpha, beta = ddp.fit_alpha_beta(sizes, [1e-3 + s / 125e6 for s in sizes])  # 1 ms + 1 Gbit/s
+    assert alpha == pytest.approx(1e-3, rel=1e-6) and 1 / beta == pytest.approx(125e6, rel=1e-6)
+    alpha, beta = ddp.fit_alpha_beta(sizes, [s / 125e6 - 1e-4 for s in sizes])  # "negative latency"
+    assert alpha == 0.0 and 1 / beta == pytest.approx(125e6, rel=0.05)
+    with pytest.raises(CourseError, match="two or more distinct"):
+        ddp.fit_alpha_beta([2**20, 2**20], [0.1, 0.2])
+    with pytest.raises(CourseError, match="do not grow"):
+        ddp.fit_alpha_beta([2**20, 2**22], [0.2, 0.1])
+
+
+def test_paired_speedups_and_quartiles():
+    steps = [{"overlap": o, "seconds": t} for o, t in [(True, 1.0), (False, 1.5), (True, 2.0), (False, 2.0)]]
+    assert ddp.paired_speedups(steps) == [1.5, 1.0]
+    assert ddp.quartiles([3.0]) == (3.0, 3.0, 3.0)
+    low, mid, high = ddp.quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert low < mid == 3.0 < high

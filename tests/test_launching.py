@@ -259,3 +259,16 @@ def test_swift_goes_through_torchrun_for_one_process_when_asked(build):
     one = launching.prepare_swift("sft", "--deepspeed", "zero2", nproc=1, torchrun=True).command
     assert one.startswith("NPROC_PER_NODE=1 MASTER_PORT=") and one.endswith("swift sft --deepspeed zero2")
     assert "NPROC_PER_NODE" not in launching.prepare_swift("sft", nproc=1).command
+
+
+def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
+    launch = launching.prepare_torchrun(
+        "job.py", nproc=1, nnodes=2, node_rank=1, master_addr="10.213.0.1", master_port=29400,
+        prefix=["ip", "netns", "exec", "dpc1-node1"], env={"GLOO_SOCKET_IFNAME": "eth0"},
+    )  # fmt: skip
+    assert launch.argv[:5] == ["ip", "netns", "exec", "dpc1-node1", "torchrun"]
+    assert "--master-addr 10.213.0.1 --master-port 29400" in launch.command
+    assert (
+        launch.command.startswith("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=")
+        and "GLOO_SOCKET_IFNAME=eth0" in launch.command
+    )
