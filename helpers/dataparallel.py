@@ -636,6 +636,41 @@ def torch_pieces_on_gpus(spec: ModelSpec, batch: int, device_ids) -> dict:
     }
 
 
+def torch_stage_costs(spec: ModelSpec, batch: int, device_ids, repeats: int = 5) -> dict:
+    """What torch's DataParallel costs every step on real GPUs: each of its stages timed (CUDA synchronised,
+    median of ``repeats`` after one warm-up step), and each GPU's peak memory over those steps."""
+    from torch.nn.parallel import gather, parallel_apply, replicate, scatter
+
+    main = torch.device("cuda", device_ids[0])
+    x, y = (t.to(main) for t in make_batch(spec, batch))
+    model = make_model(spec).to(main)
+    stages: dict[str, list[float]] = {}
+
+    def timed(name, fn):
+        for d in device_ids:
+            torch.cuda.synchronize(d)
+        start = time.perf_counter()
+        out = fn()
+        for d in device_ids:
+            torch.cuda.synchronize(d)
+        stages.setdefault(name, []).append(time.perf_counter() - start)
+        return out
+
+    for d in device_ids:
+        torch.cuda.reset_peak_memory_stats(d)
+    for _ in range(repeats + 1):
+        model.zero_grad(set_to_none=True)
+        inputs = timed("scatter inputs", lambda: scatter(x, device_ids))
+        replicas = timed("replicate model (every step)", lambda: replicate(model, device_ids[: len(inputs)]))  # noqa: B023
+        outputs = timed("parallel forward", lambda: parallel_apply(replicas, list(inputs)))  # noqa: B023
+        gathered = timed("gather outputs on GPU 0", lambda: gather(outputs, main))  # noqa: B023
+        timed("loss on GPU 0, backward, reduce", lambda: F.cross_entropy(gathered, y).backward())  # noqa: B023
+    return {
+        "ms": {name: 1e3 * statistics.median(t[1:]) for name, t in stages.items()},
+        "peak MiB": [torch.cuda.max_memory_allocated(d) / 2**20 for d in device_ids],
+    }
+
+
 # --- plots of what was measured ----------------------------------------------------------------------
 
 

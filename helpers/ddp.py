@@ -712,8 +712,8 @@ def plot_bandwidth(rows: list[dict], copy_gbps: float):
 
 
 def plot_link(links: dict, fits: dict):
-    """All-reduce time against message size on each lab link (median, bars from fastest to slowest
-    repeat) with the fitted alpha-beta line: what was measured beside what the cost model predicts."""
+    """All-reduce time against message size on each lab link (the fastest repeat, a bar up to the
+    slowest) with the fitted alpha-beta line: what was measured beside what the cost model predicts."""
     import matplotlib.pyplot as plt
 
     from helpers import plots
@@ -722,18 +722,10 @@ def plot_link(links: dict, fits: dict):
     for i, (rate, rows) in enumerate(links.items()):
         color = plots.PALETTE[i % len(plots.PALETTE)]
         sizes = [r["bytes"] for r in rows]
-        mid = [statistics.median(r["samples"]) * 1e3 for r in rows]
-        low = [m - min(r["samples"]) * 1e3 for m, r in zip(mid, rows, strict=True)]
-        high = [max(r["samples"]) * 1e3 - m for m, r in zip(mid, rows, strict=True)]
-        ax.errorbar(
-            sizes,
-            mid,
-            yerr=[low, high],
-            fmt="o",
-            color=color,
-            capsize=3,
-            label=f"{rate:g} Mbit/s link, measured",
-        )
+        fastest = [min(r["samples"]) * 1e3 for r in rows]
+        slower = [max(r["samples"]) * 1e3 - f for f, r in zip(fastest, rows, strict=True)]
+        ax.errorbar(sizes, fastest, yerr=[[0] * len(rows), slower], fmt="o", color=color, capsize=3,
+                    label=f"{rate:g} Mbit/s link, measured (fastest, bar to slowest)")  # fmt: skip
         alpha, beta = fits[rate]
         ax.plot(sizes, [(alpha + beta * x) * 1e3 for x in sizes], ls="--", color=color,
                 label=f"alpha-beta fit: {alpha * 1e3:.2f} ms + bytes / ({1 / beta * 8 / 1e6:.0f} Mbit/s)")  # fmt: skip
@@ -996,18 +988,37 @@ def _averaging_hook(fn):
     )
 
 
+def ring_seconds(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """A ring all-reduce under the alpha-beta model: 2(n - 1) steps, each one message of nbytes / n."""
+    return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
 @checker("03.1")
-def _ring_bytes(fn):
-    """A function (nbytes, n) -> bytes each rank sends in a ring all-reduce."""
+def _ring_time(fn):
+    """A function (nbytes, n, alpha, beta) -> seconds of a ring all-reduce under the alpha-beta model."""
+    import math
+    import numbers
+
+    links = ((0.0, 1 / 12.5e9), (5e-6, 1 / 12.5e9), (1e-3, 8 / 1e9), (2e-4, 0.0))
     for n in (1, 2, 3, 4, 8, 64):
         for nbytes in (1024, 4 * MiB, 100 * MiB):
-            want = ring_bytes_sent(nbytes, n)
-            got = fn(nbytes, n)
-            if got is None or abs(float(got) - want) > 1e-6 * max(want, 1):
-                return False, f"with {n} ranks and {nbytes} bytes each rank sends {want:g} bytes, not {got}."
+            for alpha, beta in links:
+                want = ring_seconds(nbytes, n, alpha, beta)
+                got = fn(nbytes, n, alpha, beta)
+                if got is None:
+                    raise NotAnswered
+                shown = f"n={n}, nbytes={nbytes}, alpha={alpha:g} s, beta={beta:g} s/byte"
+                if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
+                    return (
+                        False,
+                        f"return the time as a finite number of seconds; with {shown} it returned {got!r}.",
+                    )
+                if abs(got - want) > 1e-9 * max(want, 1e-12):
+                    return False, f"with {shown} a ring all-reduce takes {want!r} seconds, not {got!r}."
     return True, (
-        "2(n-1)/n of the data, which approaches twice the data and never more: that is why busbw, "
-        "algbw x 2(n-1)/n, compares links fairly whatever the number of ranks."
+        "2(n-1) steps, each paying alpha once and moving nbytes/n: the bandwidth term approaches "
+        "2 x nbytes x beta whatever n (busbw's 2(n-1)/n), but the latency term grows with n. That is why "
+        "NCCL switches to trees for small messages on many ranks, and why DDP packs gradients into buckets."
     )
 
 

@@ -736,3 +736,40 @@ def _accumulation_step(fn):
             "divide each micro-batch's loss by their number, zero the gradients once, and step once at the end."
         )
     return True, "One all-reduce per optimizer step, and the same update as one large batch."
+
+
+@checker("04.5")
+def _epoch_orders(fn):
+    """A function (n, rank, world, epochs, seed) -> the indices one rank trains on, epoch by epoch, from a
+    DistributedSampler that is told the epoch."""
+    from torch.utils.data import DistributedSampler
+
+    for n, world, epochs, seed in ((20, 2, 3, 0), (17, 3, 4, 5), (8, 1, 3, 1), (30, 4, 2, 7)):
+        for rank in range(world):
+            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+            want = []
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                want.append(list(sampler))
+            got = fn(n, rank, world, epochs, seed)
+            if got is None:
+                raise NotAnswered
+            try:
+                got = [[int(i) for i in order] for order in got]
+            except (TypeError, ValueError):
+                return False, f"return one list of indices per epoch; with n={n} it returned {got!r}."
+            if got == want:
+                continue
+            if len(got) == epochs and len(got) > 1 and all(order == got[0] for order in got):
+                return False, (
+                    f"n={n}, rank {rank} of {world}: every epoch repeats epoch 0's order {got[0]!r}. The sampler "
+                    "shuffles with seed + epoch, and only sampler.set_epoch(epoch) tells it the epoch."
+                )
+            return (
+                False,
+                f"n={n}, rank {rank} of {world}, seed {seed}: the sampler gives {want!r}, not {got!r}.",
+            )
+    return True, (
+        "One line: sampler.set_epoch(epoch) at the top of each epoch. Every rank calls it with the same "
+        "epoch, so the shards stay disjoint while the order changes."
+    )

@@ -172,15 +172,20 @@ def test_show_source_returns_the_source(capsys):
 
 
 def test_exercise_checkers_accept_the_solutions_and_reject_mistakes(capsys):
-    assert check("03.1", lambda nbytes, n: 2 * (n - 1) / n * nbytes)
-    assert not check("03.1", lambda nbytes, n: 2 * nbytes)
+    assert check("03.1", lambda nbytes, n, alpha, beta: 2 * (n - 1) * (alpha + nbytes / n * beta))
+    assert not check("03.1", lambda nbytes, n, alpha, beta: 2 * (n - 1) / n * nbytes * beta)  # no latency
+    assert not check(
+        "03.1", lambda nbytes, n, alpha, beta: alpha + 2 * (n - 1) / n * nbytes * beta
+    )  # one alpha
+    assert not check("03.1", lambda nbytes, n, alpha, beta: float("nan"))
+    assert not check("03.1", lambda nbytes, n, alpha, beta: str(2 * (n - 1) * (alpha + nbytes / n * beta)))
     assert check("03.2", lambda sizes, cap: ddp.expected_buckets(sizes, cap))
     assert not check("03.2", lambda sizes, cap: [list(range(len(sizes)))])
     assert check("03.3", lambda ready, wire: ddp.link_finish_times(ready, wire)[-1])
     assert not check("03.3", lambda ready, wire: ready[-1] + wire[-1])  # ignores the queue
     assert not check("03.3", None)
     out = capsys.readouterr().out
-    assert out.count("✅ correct") == 3 and out.count("❌ not yet") == 3
+    assert out.count("✅ correct") == 3 and out.count("❌ not yet") == 6
 
 
 # --- two gloo ranks -------------------------------------------------------------------------------
@@ -405,3 +410,17 @@ def test_paired_speedups_and_quartiles():
     assert ddp.quartiles([3.0]) == (3.0, 3.0, 3.0)
     low, mid, high = ddp.quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
     assert low < mid == 3.0 < high
+
+
+def test_plot_link_draws_the_fastest_repeat_and_the_fitted_line():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sizes = (2**18, 2**20, 2**22)
+    rows = [{"bytes": s, "samples": [s / 1e8 + 0.001, s / 1e8, s / 1e8 + 0.002]} for s in sizes]  # 800 Mbit/s
+    fits = {1000.0: ddp.fit_alpha_beta(list(sizes), [min(r["samples"]) for r in rows])}
+    ax = ddp.plot_link({1000.0: rows}, fits).axes[0]
+    fitted = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(fitted) == 1
+    assert list(fitted[0].get_ydata()) == pytest.approx([s / 1e8 * 1e3 for s in sizes])
+    assert any("(800 Mbit/s)" in text.get_text() for text in ax.get_legend().get_texts())

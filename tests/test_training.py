@@ -297,3 +297,32 @@ def test_exercise_04_4_runs_the_accumulation_step_on_ranks_and_catches_forward_o
     )
     assert not check("04.4", unscaled)
     assert not check("04.4", stub) and "not answered yet" in capsys.readouterr().out
+
+
+def test_exercise_04_5_wants_set_epoch(capsys):
+    from torch.utils.data import DistributedSampler
+
+    from helpers.exercises import check
+
+    def broken(n, rank, world, epochs, seed=0):
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        return [list(sampler) for _ in range(epochs)]
+
+    def fixed(n, rank, world, epochs, seed=0):
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        orders = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            orders.append(list(sampler))
+        return orders
+
+    def own_shuffle(n, rank, world, epochs, seed=0):  # different orders, but not the sampler's shards
+        import random
+
+        return [random.Random(seed + e).sample(range(n), n)[rank::world] for e in range(epochs)]
+
+    assert check("04.5", fixed)
+    assert not check("04.5", broken)
+    assert "only sampler.set_epoch(epoch) tells it the epoch" in capsys.readouterr().out
+    assert not check("04.5", own_shuffle)
+    assert not check("04.5", lambda n, rank, world, epochs, seed=0: "0 1 2")
