@@ -121,8 +121,9 @@ def unavailable() -> str | None:
 
 
 def burst_bytes(rate_mbit: float) -> int:
-    """The token bucket's depth: 1 ms of traffic at the rate, at least 64 KiB (one offloaded packet)."""
-    return max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000))
+    """The token bucket's depth: 1 ms of traffic at the rate, kept between 64 KiB (one offloaded packet)
+    and 256 KiB (so that a message of 1 MiB or more cannot pass mostly as one burst)."""
+    return min(256 * 1024, max(64 * 1024, int(rate_mbit * 1e6 / 8 / 1000)))
 
 
 class Lab:

@@ -475,3 +475,13 @@ def test_bf16_on_the_cpu_leaves_mixed_precision_to_swift(tmp_path):
     assert "--bf16" not in cli and "--fp16" not in cli
     assert values_after(cli, "--system") == ["Be brief."]
     assert "--bf16" in plan(tmp_path).cli()  # float32 on the CPU turns both off
+
+
+def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
+    """06 says: 4.0 renamed --train_type to --tuner_type (an alias until 4.1); the installed 4.6 has only the new name."""
+    import dataclasses
+
+    from swift.arguments import SftArguments
+
+    names = {f.name for f in dataclasses.fields(SftArguments)}
+    assert "tuner_type" in names and "train_type" not in names

@@ -45,9 +45,10 @@ def test_bad_node_counts_and_rates_are_refused():
         netlab.Lab(1)
 
 
-def test_burst_is_one_millisecond_of_traffic_but_at_least_64_kib():
+def test_burst_is_one_millisecond_of_traffic_between_64_and_256_kib():
     assert netlab.burst_bytes(100) == 64 * 1024
-    assert netlab.burst_bytes(8000) == 1_000_000
+    assert netlab.burst_bytes(1500) == 187_500
+    assert netlab.burst_bytes(8000) == 256 * 1024
 
 
 @needs_lab
