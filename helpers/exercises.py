@@ -45,11 +45,13 @@ class Verdict:
         pass
 
 
-def check(exercise: str, answer) -> Verdict:
+def check(exercise: str, answer, solution: bool = False) -> Verdict:
     """Print a verdict for ``answer``; the result is truthy when it is right.
 
     ``answer`` may be a value or, for a function exercise, the learner's function: one that still
     returns None whenever the checker calls it (its body is ``...``) counts as not answered.
+    ``solution=True`` (the collapsed solution cells) prints only that the reference answer passes: its
+    output is visible before the cell is opened, so it must not give the answer or the explanation away.
     """
     if exercise not in _CHECKERS:
         raise KeyError(f"no checker is registered for exercise {exercise!r}; known: {sorted(_CHECKERS)}")
@@ -76,7 +78,10 @@ def check(exercise: str, answer) -> Verdict:
     if returned and all(r is None for r in returned):  # the body is still `...`
         print(unanswered)
         return Verdict(False)
-    print(f"Exercise {exercise}: {'✅ correct' if ok else '❌ not yet'}. {message}".rstrip())
+    if solution and ok:
+        print(f"Exercise {exercise}: ✅ the reference solution passes the checker.")
+    else:
+        print(f"Exercise {exercise}: {'✅ correct' if ok else '❌ not yet'}. {message}".rstrip())
     return Verdict(ok)
 
 

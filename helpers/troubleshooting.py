@@ -218,6 +218,49 @@ def grep_source(relative: str, needle: str, context: int = 0) -> list[str]:
 # --- gradient checkpointing: the trade-off -----------------------------------------------------------
 
 
+def local_repo_path_in_use(model_dir, repo_dir) -> dict:
+    """Run SWIFT's own DeepSeek-VL config loader (``DeepseekVLLoader.get_config``) with ``local_repo_path``
+    set to ``repo_dir``, in which a stand-in ``deepseek_vl`` package is written, and with SWIFT's
+    ``git_clone_github`` replaced by one that refuses: what the loader imported, and whether it cloned.
+
+    The loader only reads ``model_dir``'s config (any local model will do); the processor class it picks
+    up comes from the stand-in, so nothing from GitHub is needed. ``sys.path`` is restored afterwards.
+    """
+    from swift.model.models import deepseek
+
+    package = Path(repo_dir) / "deepseek_vl" / "models"
+    package.mkdir(parents=True, exist_ok=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(
+        '"""A stand-in for the DeepSeek-VL repository\'s code, written by the course."""\n\n\n'
+        "class VLChatProcessor:\n    source = __file__\n"
+    )
+    clones: list[str] = []
+
+    def refuse(url, **kwargs):
+        clones.append(url)
+        raise RuntimeError(f"git clone {url} was attempted: local_repo_path was not used")
+
+    loader = deepseek.DeepseekVLLoader.__new__(deepseek.DeepseekVLLoader)  # only what get_config reads:
+    loader.local_repo_path, loader.auto_config_cls, loader.auto_tokenizer_cls = str(repo_dir), None, None
+    saved_path, saved_clone = list(sys.path), deepseek.git_clone_github
+    deepseek.git_clone_github = refuse
+    try:
+        config = loader.get_config(str(model_dir))
+        on_path = str(repo_dir) in sys.path
+    finally:
+        sys.path[:] = saved_path
+        deepseek.git_clone_github = saved_clone
+        for name in [m for m in sys.modules if m == "deepseek_vl" or m.startswith("deepseek_vl.")]:
+            del sys.modules[name]
+    return {
+        "cloned": bool(clones),
+        "repo on sys.path": on_path,
+        "processor class from": loader.auto_tokenizer_cls.source,
+        "config read": type(config).__name__,
+    }
+
+
 def saving_and_slowdown(off: dict, on: dict) -> tuple[float, float]:
     """(fraction of the step's extra memory saved, step-time ratio) of checkpointing on vs off."""
     saved = 1 - on["peak_extra_mb"] / off["peak_extra_mb"]

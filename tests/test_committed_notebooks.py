@@ -53,7 +53,13 @@ def test_reads_as_a_lesson(notebook):
     assert solutions, "each notebook has checkable exercises"
     for cell in solutions:
         assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True
-        assert "assert check(" in source(cell)
+        assert "assert check(" in source(cell) and "solution=True" in source(cell)
+        shown = "".join(
+            o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+        )
+        assert shown.count("\n") == 1 and "the reference solution passes" in shown, (
+            shown
+        )  # gives nothing away
     assert any(source(c).startswith("# NBVAL_CHECK_OUTPUT") for c in code_cells(notebook))
 
 

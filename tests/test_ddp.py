@@ -424,3 +424,14 @@ def test_plot_link_draws_the_fastest_repeat_and_the_fitted_line():
     assert len(fitted) == 1
     assert list(fitted[0].get_ydata()) == pytest.approx([s / 1e8 * 1e3 for s in sizes])
     assert any("(800 Mbit/s)" in text.get_text() for text in ax.get_legend().get_texts())
+
+
+def test_a_solution_cell_prints_only_that_it_passes(capsys):
+    def solution(nbytes, n, alpha, beta):
+        return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+    assert check("03.1", solution, solution=True)
+    out = capsys.readouterr().out
+    assert out == "Exercise 03.1: ✅ the reference solution passes the checker.\n"
+    assert not check("03.1", lambda nbytes, n, alpha, beta: 0.0, solution=True)  # a broken one still says why
+    assert "not yet" in capsys.readouterr().out

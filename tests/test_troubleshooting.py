@@ -178,3 +178,19 @@ def test_checker_09_3():
     assert check("09.3", (0, 1))
     assert not check("09.3", (1, 0))
     assert not check("09.3", "rank 0")
+
+
+def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
+    import sys
+
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
+        tmp_path / "model"
+    )
+    before = list(sys.path)
+    found = troubleshooting.local_repo_path_in_use(tmp_path / "model", tmp_path / "DeepSeek-VL")
+    assert found["cloned"] is False and found["repo on sys.path"] is True
+    assert found["processor class from"].startswith(str(tmp_path / "DeepSeek-VL"))
+    assert found["config read"] == "LlamaConfig"
+    assert sys.path == before and "deepseek_vl" not in sys.modules
