@@ -83,6 +83,8 @@ def _model_flags(info: models.ModelInfo) -> list[str]:
     ``--check_model`` is a training flag only: ``swift export`` and ``swift infer`` refuse it.
     """
     flags = ["--model", str(info.path)]
+    if info.local:  # SWIFT runs no code shipped in the folder (models.local_code_only)
+        flags += ["--external_plugins", str(models.LOCAL_CODE_ONLY)]
     if info.model_type:
         flags += ["--model_type", info.model_type]
     if info.template:

@@ -35,6 +35,14 @@ _LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
 _LAUNCHER_CHATTER = re.compile(r"^[WI]\d{4} ")  # its warnings and info: kept in .lines, not shown
 # c10d looks up a name for each peer's address; the lab's addresses have none (kept in .lines, not shown)
 _NO_HOSTNAME = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
+# library chatter folded out of what a learner sees (every line stays in the launch's output file):
+# SWIFT's and DeepSpeed's INFO/WARNING lines, transformers' notices, datasets' remote-code notice,
+# progress bars and blank lines
+_FOLDED = re.compile(
+    r"^(?:\[(?:WARNING|INFO):swift\]|\[transformers\]|\[\d{4}-\d\d-\d\d [\d:,]+\] \[(?:INFO|WARNING)\]"
+    r"|`trust_remote_code` is not supported anymore|Please check that the Hugging Face dataset"
+    r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\|"
+)
 _TAIL = 12
 TEARDOWN_ABORT = "terminate called without an active exception"  # gloo, in interpreter teardown
 
@@ -183,6 +191,12 @@ class Launch:
         self.extra_env.setdefault(RESULTS_ENV, str(self.results_dir))
         self.proc = None
         self.lines: list[str] = []
+        self.folded = 0  # lines not shown (see _FOLDED); all of them are in output_file
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label or Path(self.argv[0]).name).strip("-") or "launch"
+        self.output_file = (
+            paths.run_dir("logs") / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}.txt"
+        )
+        self._output = None
         self.per_rank: dict[int, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=400)
         )
@@ -190,10 +204,11 @@ class Launch:
 
     @property
     def command(self) -> str:
-        """The exact command, with the environment variables this launch sets, ready to paste."""
+        """The exact command, with the environment variables this launch sets, ready to paste in a terminal
+        at the repository root (paths inside the checkout are written relative to it)."""
         shown = {k: v for k, v in self.extra_env.items() if k != RESULTS_ENV}
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-        return (env + " " if env else "") + shlex.join(self.argv)
+        return paths.relative_text((env + " " if env else "") + shlex.join(self.argv))
 
     def start(self) -> None:
         import subprocess
@@ -232,13 +247,25 @@ class Launch:
             except queue.Empty:
                 return False
             if line is None:
+                if self._output:
+                    self._output.close()
+                if show and self.folded:
+                    print(f"{tag}({self.folded} lines of library logs, progress bars and blank lines not shown; "
+                          f"the whole output is in {paths.shown(self.output_file)})", flush=True)  # fmt: skip
                 return True
             self.lines.append(line)
+            if self._output is None:
+                self._output = open(self.output_file, "w", encoding="utf-8")  # noqa: SIM115 (closed at the end)
+            self._output.write(line + "\n")
             match = _RANK_LINE.match(line)
             if match:
                 self.per_rank[int(match.group(1))].append(match.group(2))
-            if show and not _LAUNCHER_CHATTER.match(line) and not _NO_HOSTNAME.search(line):
-                print(f"{tag}{line}", flush=True)
+            if not show or _LAUNCHER_CHATTER.match(line) or _NO_HOSTNAME.search(line):
+                continue
+            if _FOLDED.search(match.group(2) if match else line):
+                self.folded += 1
+                continue
+            print(f"{tag}{paths.relative_text(line)}", flush=True)
 
     def stop(self) -> int:
         return kill_tree(self.proc.pid) if self.proc else 0
@@ -297,7 +324,7 @@ class Launch:
         message = f"{who} failed with exit code {exitcode}{signame}."
         if tail:
             message += " The end of its output:\n    " + "\n    ".join(tail)
-        return LaunchError(message, rank=rank, exitcode=exitcode, tail=tail)
+        return LaunchError(paths.relative_text(message), rank=rank, exitcode=exitcode, tail=tail)
 
 
 def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> list[LaunchResult]:
@@ -341,7 +368,7 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
                 raise LaunchTimeout(
                     f"the job did not finish within {timeout:g} s, so all {stopped} of its processes "
                     "were stopped. Its last lines:\n    "
-                    + "\n    ".join(tail)
+                    + "\n    ".join(paths.relative_text(line) for line in tail)
                     + "\n  Raise `timeout=` if it is just slow, or see notebook 09 on debugging hangs."
                 )
             time.sleep(0.05)

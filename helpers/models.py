@@ -63,15 +63,33 @@ class ModelInfo:
         return Path(self.path).is_dir()
 
     def swift_args(self) -> list[str]:
-        """The SWIFT flags that point at this model (offline flags for local directories)."""
+        """The SWIFT flags that point at this model (offline flags for local directories, and for them the
+        plugin that stops SWIFT from running code shipped in the folder: :func:`local_code_only`)."""
         args = ["--model", self.path]
         if self.local:
-            args += ["--check_model", "false"]
+            args += ["--check_model", "false", "--external_plugins", str(LOCAL_CODE_ONLY)]
         if self.model_type:
             args += ["--model_type", self.model_type]
         if self.template:
             args += ["--template", self.template]
         return args
+
+
+# --- whose code runs when a model loads --------------------------------------------------------------
+
+LOCAL_CODE_ONLY = Path(__file__).with_name("swift_local_code_only.py")  # a SWIFT plugin, see local_code_only
+
+
+def local_code_only() -> bool:
+    """In this process, make SWIFT's loaders refuse Python code shipped inside a model folder
+    (``trust_remote_code=False``); the CLI gets the same from ``--external_plugins`` (``swift_args``).
+    Returns SWIFT's setting afterwards (False)."""
+    import runpy
+
+    runpy.run_path(str(LOCAL_CODE_ONLY))
+    from swift.model.register import ModelLoader
+
+    return ModelLoader.default_trust_remote_code
 
 
 # --- building a directory atomically -------------------------------------------------------
@@ -141,7 +159,7 @@ def build_once(target: Path, build: Callable[[Path], None], *, force: bool = Fal
         _remove_leftovers(target)
         problem = check(target)
         if problem is None and not force:
-            log(f"Reusing {target} (complete: every file matches its manifest).")
+            log(f"Reusing {paths.shown(target)} (complete: every file matches its manifest).")
             return target
         if target.exists():
             why = "rebuild requested" if problem is None else problem
@@ -411,7 +429,7 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     build = {"cpu": smollm2, "smoke": tiny_llama, "tiny-qwen2": tiny_qwen2}[args.which]
     info = build(args.force)
-    print(f"{info.name} ready in {info.path} ({time.perf_counter() - start:.1f} s)")
+    print(f"{info.name} ready in {paths.shown(info.path)} ({time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":

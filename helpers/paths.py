@@ -16,6 +16,21 @@ def shown(path) -> str:
         return str(path)
 
 
+def from_here(path) -> str:
+    """``path`` relative to the current folder (a notebook's own), for a cell magic such as ``%%writefile``."""
+    return os.path.relpath(path)
+
+
+def relative_text(text: str) -> str:
+    """``text`` with this checkout's absolute paths written relative to it (``build/...``) and the home
+    folder as ``~``: what a command or a log line says, without the recording machine's paths."""
+    text = text.replace(f"{ROOT}{os.sep}", "").replace(str(ROOT), ".")
+    home = str(Path.home())
+    if home not in ("/", ""):
+        text = text.replace(f"{home}{os.sep}", f"~{os.sep}")
+    return text
+
+
 def build_dir() -> Path:
     """The folder a run writes to: ``$COURSE_BUILD_DIR`` or ``build/`` in the repository."""
     return Path(os.environ.get("COURSE_BUILD_DIR", ROOT / "build")).resolve()

@@ -73,3 +73,37 @@ def test_records_metrics_for_the_run_report(notebook):
 def test_no_path_plumbing_in_lessons(notebook):
     for cell in code_cells(notebook):
         assert "sys.path" not in source(cell)
+
+
+def output_text(nb) -> str:
+    """Everything a reader sees in a notebook's outputs (streams and text displays)."""
+    parts = []
+    for cell in code_cells(nb):
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                parts.append("".join(out["text"]))
+            for kind, value in out.get("data", {}).items():
+                if kind.startswith("text/"):
+                    parts.append("".join(value))
+    return "\n".join(parts)
+
+
+def test_outputs_hold_no_path_of_the_recording_machine(notebook):
+    from pathlib import Path
+
+    from helpers import paths
+
+    text = output_text(notebook)
+    for absolute in (str(paths.ROOT), str(Path.home()) + "/", "/home/", "/Users/"):
+        lines = [line for line in text.splitlines() if absolute in line]
+        assert not lines, f"{absolute!r} in the outputs: {lines[:3]}"
+
+
+def test_outputs_fold_library_log_lines(notebook):
+    """SWIFT's, DeepSpeed's and transformers' INFO/WARNING chatter stays in the launches' log files."""
+    import re
+
+    noise = [
+        line for line in output_text(notebook).splitlines() if re.search(r"\[(?:INFO|WARNING)[:\]]", line)
+    ]
+    assert len(noise) <= 3, noise

@@ -101,7 +101,8 @@ def test_smoke_model_is_ready_in_seconds_and_generates(tmp_path, monkeypatch):
     )
     assert isinstance(models.chat(model, tokenizer, "Who are you?", max_new_tokens=4), str)
     assert info.swift_args() == [
-        "--model", info.path, "--check_model", "false", "--model_type", "llama", "--template", "chatml",
+        "--model", info.path, "--check_model", "false", "--external_plugins", str(models.LOCAL_CODE_ONLY),
+        "--model_type", "llama", "--template", "chatml",
     ]  # fmt: skip
 
 
@@ -126,3 +127,31 @@ def test_the_modelscope_client_still_resumes_a_stopped_download_and_shows_progre
     assert _download._incomplete_path(Path("a/model.safetensors")) == Path("a/model.safetensors.incomplete")
     assert 'extra_headers["Range"] = f"bytes={existing_size}-"' in source  # resume from what is on disk
     assert "from tqdm.auto import tqdm" in source  # a progress bar per file
+
+
+def test_local_code_only_stops_swift_from_running_code_shipped_in_a_model_folder(tmp_path):
+    import json
+
+    from swift.model.register import ModelLoader
+
+    folder, marker = tmp_path / "model", tmp_path / "the folder's code ran"
+    folder.mkdir()
+    (folder / "configuration_shipped.py").write_text(
+        f"from transformers import PretrainedConfig\nopen({str(marker)!r}, 'w').close()\n\n\n"
+        "class ShippedConfig(PretrainedConfig):\n    model_type = 'shipped'\n"
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"model_type": "shipped", "auto_map": {"AutoConfig": "configuration_shipped.ShippedConfig"}}
+        )
+    )
+    saved = ModelLoader.default_trust_remote_code
+    try:
+        assert models.local_code_only() is False
+        loader = ModelLoader.__new__(ModelLoader)  # get_config reads only these
+        loader.auto_config_cls = None
+        with pytest.raises(ValueError, match="trust_remote_code"):
+            loader.get_config(str(folder))
+        assert not marker.exists()
+    finally:
+        ModelLoader.default_trust_remote_code = saved

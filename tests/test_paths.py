@@ -94,3 +94,11 @@ def test_prune_refuses_a_keep_that_is_not_a_count(tmp_path, monkeypatch):
 def test_paths_are_shown_relative_to_the_repository(tmp_path):
     assert paths.shown(paths.ROOT / "build" / "outputs" / "x") == "build/outputs/x"
     assert paths.shown(tmp_path / "y") == str(tmp_path / "y")  # outside the repository: as it is
+
+
+def test_relative_text_drops_the_checkout_and_home_folders():
+    from pathlib import Path
+
+    text = f"--model {paths.ROOT}/build/models/m --cache {Path.home()}/.cache/modelscope cwd={paths.ROOT}"
+    assert paths.relative_text(text) == "--model build/models/m --cache ~/.cache/modelscope cwd=."
+    assert paths.relative_text("/usr/bin/python") == "/usr/bin/python"
