@@ -747,10 +747,19 @@ def free_memory() -> None:
 
 
 def swift_log_level(level: str = "WARNING") -> None:
-    """In this process, show SWIFT's log lines from ``level`` up (the CLI reads ``LOG_LEVEL`` instead)."""
+    """In this process, show SWIFT's log lines from ``level`` up, as ``LOG_LEVEL`` does for the CLI, and
+    datasets' notices only when they are errors. Call it before SWIFT is first imported: SWIFT gives
+    its console handler the level of ``LOG_LEVEL`` when it creates it."""
     import logging
 
-    logging.getLogger("swift").setLevel(getattr(logging, level))
+    os.environ["LOG_LEVEL"] = level
+    from swift.utils import logger as swift_logger  # creates SWIFT's logger and handler at this level
+
+    swift = logging.getLogger("swift")
+    for handler in [swift, *swift.handlers]:
+        handler.setLevel(getattr(logging, level))
+    logging.getLogger("datasets").setLevel(logging.ERROR)
+    del swift_logger
 
 
 def short(text, limit: int = 90) -> str:

@@ -21,14 +21,6 @@ QUESTIONS_FILE = "questions.jsonl"
 ANSWERS_FILE = "answers.jsonl"
 
 
-def quiet_swift(level: str = "WARNING") -> None:
-    """Show SWIFT's in-process log lines from ``level`` up. SWIFT sets its logger's level when its modules
-    are first imported, so they are imported here first (the CLI reads ``LOG_LEVEL`` instead)."""
-    from swift import InferRequest, TransformersEngine  # noqa: F401
-
-    finetune.swift_log_level(level)
-
-
 # --- the adapter notebook 06 recorded ---------------------------------------------------------------
 
 

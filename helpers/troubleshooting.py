@@ -255,7 +255,7 @@ def local_repo_path_in_use(model_dir, repo_dir) -> dict:
             del sys.modules[name]
     return {
         "cloned": bool(clones),
-        "repo on sys.path": on_path,
+        "repo on the import path": on_path,
         "processor class from": loader.auto_tokenizer_cls.source,
         "config read": type(config).__name__,
     }

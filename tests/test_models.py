@@ -145,13 +145,23 @@ def test_local_code_only_stops_swift_from_running_code_shipped_in_a_model_folder
             {"model_type": "shipped", "auto_map": {"AutoConfig": "configuration_shipped.ShippedConfig"}}
         )
     )
-    saved = ModelLoader.default_trust_remote_code
+    import logging
+
+    from swift.model import model_meta
+
+    swift_logger = logging.getLogger("swift")
+    saved = ModelLoader.default_trust_remote_code, model_meta.AutoConfig, list(swift_logger.filters)
     try:
-        assert models.local_code_only() is False
+        assert models.local_code_only() is False and models.local_code_only() is False  # twice: one filter
+        assert sum(getattr(f, "local_code_only", False) for f in swift_logger.filters) == 1
         loader = ModelLoader.__new__(ModelLoader)  # get_config reads only these
         loader.auto_config_cls = None
         with pytest.raises(ValueError, match="trust_remote_code"):
             loader.get_config(str(folder))
+        model_meta._get_model_info(str(folder), "llama", None)  # SWIFT's first look at a folder
         assert not marker.exists()
+        shipped = Path(model_meta.__file__).read_text()  # what the plugin overrides: SWIFT trusts the folder
+        assert "AutoConfig.from_pretrained(model_dir, trust_remote_code=True)" in shipped
     finally:
-        ModelLoader.default_trust_remote_code = saved
+        ModelLoader.default_trust_remote_code, model_meta.AutoConfig = saved[:2]
+        swift_logger.filters[:] = saved[2]

@@ -190,7 +190,7 @@ def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
     )
     before = list(sys.path)
     found = troubleshooting.local_repo_path_in_use(tmp_path / "model", tmp_path / "DeepSeek-VL")
-    assert found["cloned"] is False and found["repo on sys.path"] is True
+    assert found["cloned"] is False and found["repo on the import path"] is True
     assert found["processor class from"].startswith(str(tmp_path / "DeepSeek-VL"))
     assert found["config read"] == "LlamaConfig"
     assert sys.path == before and "deepseek_vl" not in sys.modules
