@@ -747,18 +747,24 @@ def free_memory() -> None:
 
 
 def swift_log_level(level: str = "WARNING") -> None:
-    """In this process, show SWIFT's log lines from ``level`` up, as ``LOG_LEVEL`` does for the CLI, and
-    datasets' notices only when they are errors. Call it before SWIFT is first imported: SWIFT gives
-    its console handler the level of ``LOG_LEVEL`` when it creates it."""
+    """In this process, show SWIFT's log lines from ``level`` up, as ``LOG_LEVEL`` does for the CLI. Call it
+    before SWIFT is first imported: SWIFT gives its console handler the level of ``LOG_LEVEL`` when it
+    creates it."""
     import logging
 
-    os.environ["LOG_LEVEL"] = level
-    from swift.utils import logger as swift_logger  # creates SWIFT's logger and handler at this level
+    previous = os.environ.get("LOG_LEVEL")
+    os.environ["LOG_LEVEL"] = level  # for this process only: the swift commands it launches keep their own
+    try:
+        from swift.utils import logger as swift_logger  # creates SWIFT's logger and handler at this level
+    finally:
+        if previous is None:
+            del os.environ["LOG_LEVEL"]
+        else:
+            os.environ["LOG_LEVEL"] = previous
 
     swift = logging.getLogger("swift")
     for handler in [swift, *swift.handlers]:
         handler.setLevel(getattr(logging, level))
-    logging.getLogger("datasets").setLevel(logging.ERROR)
     del swift_logger
 
 

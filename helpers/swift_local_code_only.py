@@ -7,6 +7,8 @@ function that inspects the folder (``_get_model_info`` in ``swift/model/model_me
 that ships ``configuration_*.py`` or ``modeling_*.py`` runs that code. The course's models are standard
 architectures (Llama, Qwen2) that need none of their own, so this plugin turns both off, and drops
 SWIFT's "Loading ... with trust_remote_code=True" warnings, which are no longer true once it is loaded.
+SWIFT also passes ``trust_remote_code=True`` to ``datasets.load_dataset``, which runs no dataset scripts
+since datasets 4.0 and logs an error-level notice saying so; that notice is dropped too.
 """
 
 import logging
@@ -37,6 +39,14 @@ class _NoStaleWarning(logging.Filter):
         return "with trust_remote_code=True" not in record.getMessage()
 
 
-_swift_logger = logging.getLogger("swift")
-if not any(getattr(f, "local_code_only", False) for f in _swift_logger.filters):
-    _swift_logger.addFilter(_NoStaleWarning())
+class _NoDatasetsNotice(logging.Filter):
+    local_code_only = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`trust_remote_code` is not supported anymore" not in record.getMessage()
+
+
+for _name, _filter in (("swift", _NoStaleWarning), ("datasets.load", _NoDatasetsNotice)):
+    _logger = logging.getLogger(_name)
+    if not any(getattr(f, "local_code_only", False) for f in _logger.filters):
+        _logger.addFilter(_filter())

@@ -149,8 +149,9 @@ def test_local_code_only_stops_swift_from_running_code_shipped_in_a_model_folder
 
     from swift.model import model_meta
 
-    swift_logger = logging.getLogger("swift")
+    swift_logger, datasets_logger = logging.getLogger("swift"), logging.getLogger("datasets.load")
     saved = ModelLoader.default_trust_remote_code, model_meta.AutoConfig, list(swift_logger.filters)
+    saved_datasets = list(datasets_logger.filters)
     try:
         assert models.local_code_only() is False and models.local_code_only() is False  # twice: one filter
         assert sum(getattr(f, "local_code_only", False) for f in swift_logger.filters) == 1
@@ -165,3 +166,4 @@ def test_local_code_only_stops_swift_from_running_code_shipped_in_a_model_folder
     finally:
         ModelLoader.default_trust_remote_code, model_meta.AutoConfig = saved[:2]
         swift_logger.filters[:] = saved[2]
+        datasets_logger.filters[:] = saved_datasets
