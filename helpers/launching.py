@@ -41,7 +41,7 @@ _NO_HOSTNAME = re.compile(r"\[c10d\] The hostname of the client socket cannot be
 _FOLDED = re.compile(
     r"^(?:\[(?:WARNING|INFO):swift\]|\[transformers\]|\[\d{4}-\d\d-\d\d [\d:,]+\] \[(?:INFO|WARNING)\]"
     r"|`trust_remote_code` is not supported anymore|Please check that the Hugging Face dataset"
-    r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\|"
+    r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\||(?:it/s|s/it|examples/s)\]\s*$"
 )
 _TAIL = 12
 TEARDOWN_ABORT = "terminate called without an active exception"  # gloo, in interpreter teardown

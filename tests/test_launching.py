@@ -272,3 +272,32 @@ def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
         launch.command.startswith("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=")
         and "GLOO_SOCKET_IFNAME=eth0" in launch.command
     )
+
+
+@pytest.mark.parametrize(
+    "line, folded",
+    [
+        ("[WARNING:swift] Loading model from 'x' with trust_remote_code=True.", True),
+        ("Map (num_proc=1): 128 examples [00:00, 451.69 examples/s]       ", True),
+        ("Loading weights: 100%|██████████| 272/272 [00:00<00:00, 32992.59it/s]", True),
+        ("", True),
+        ("{'loss': 3.46707225, 'grad_norm': 2.61, 'global_step/max_steps': '1/40'}", False),
+        ("Traceback (most recent call last):", False),
+        ("[ERROR:swift] something failed", False),
+    ],
+)
+def test_library_chatter_is_folded_and_what_teaches_is_shown(line, folded):
+    assert bool(launching._FOLDED.search(line)) == folded
+
+
+def test_folded_lines_are_counted_and_kept_in_the_launch_output_file(build, capsys):
+    code = "print('[INFO:swift] chatter'); print(''); print('the result: 42')"
+    launch = launching.Launch([sys.executable, "-c", code], label="fold test", timeout=60)
+    [result] = launching.run(launch)
+    shown = capsys.readouterr().out.split("\n", 1)[1]  # after the command line
+    assert "the result: 42" in shown and "chatter" not in shown
+    assert (
+        "(2 lines of library logs, progress bars and blank lines not shown; the whole output is in " in shown
+    )
+    assert launch.output_file.read_text().splitlines() == ["[INFO:swift] chatter", "", "the result: 42"]
+    assert result.returncode == 0 and launch.output_file.name.startswith("fold-test-")
