@@ -4,6 +4,7 @@
 - errors     CourseError: a one-sentence error for learners, shown without a traceback
 - profiles   cpu / gpu / smoke / auto: resolve and validate a notebook's parameters
 - models     make the course models available offline (SmolLM2, a tiny smoke model, ModelScope ids)
+- swift_local_code_only  a SWIFT plugin (--external_plugins): no code shipped in a model folder runs
 - launching  run torchrun and the swift CLI from a cell: live rank-prefixed output, timeouts, results
 - environment installed versions against the pins, accelerators and distributed backends
 - report     record a notebook's key metrics (collected into the run report) and show tables
@@ -14,7 +15,8 @@
 One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
 - dataparallel  02: a threaded DataParallel that traces the nine steps of a step
-- ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce
+- ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce, alpha-beta fits
+- netlab        03, 04: nodes as network namespaces on a rate-limited link, for torchrun across them
 - training      04: toy data and model, sampler shards, atomic checkpoints, counted all-reduces
 - finetune      06: the course's SWIFT data, arguments and logs
 - inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
