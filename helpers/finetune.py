@@ -763,8 +763,8 @@ def swift_log_level(level: str = "WARNING") -> None:
             os.environ["LOG_LEVEL"] = previous
 
     swift = logging.getLogger("swift")
-    for handler in [swift, *swift.handlers]:
-        handler.setLevel(getattr(logging, level))
+    for logger_or_handler in [swift, *swift.handlers]:
+        logger_or_handler.setLevel(getattr(logging, level))
     del swift_logger
 
 

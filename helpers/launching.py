@@ -33,15 +33,14 @@ RANK_PREFIX = "[rank${rank}]:"
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(?:\[rank\1\]: ?)?(.*)$")  # torch may add its own prefix
 _LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
 _LAUNCHER_CHATTER = re.compile(r"^[WI]\d{4} ")  # its warnings and info: kept in .lines, not shown
-# c10d looks up a name for each peer's address; the lab's addresses have none (kept in .lines, not shown)
-_NO_HOSTNAME = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
 # library chatter folded out of what a learner sees (every line stays in the launch's output file):
 # SWIFT's and DeepSpeed's INFO/WARNING lines, transformers' notices, datasets' remote-code notice,
-# progress bars and blank lines
+# progress bars, blank lines, and c10d's failed name lookup of a peer (the network lab's addresses have none)
 _FOLDED = re.compile(
     r"^(?:\[(?:WARNING|INFO):swift\]|\[transformers\]|\[\d{4}-\d\d-\d\d [\d:,]+\] \[(?:INFO|WARNING)\]"
     r"|`trust_remote_code` is not supported anymore|Please check that the Hugging Face dataset"
     r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\||(?:it/s|s/it|examples/s)\]\s*$"
+    r"|\[c10d\] The hostname of the client socket cannot be retrieved"
 )
 _TAIL = 12
 TEARDOWN_ABORT = "terminate called without an active exception"  # gloo, in interpreter teardown
@@ -260,7 +259,7 @@ class Launch:
             match = _RANK_LINE.match(line)
             if match:
                 self.per_rank[int(match.group(1))].append(match.group(2))
-            if not show or _LAUNCHER_CHATTER.match(line) or _NO_HOSTNAME.search(line):
+            if not show or _LAUNCHER_CHATTER.match(line):
                 continue
             if _FOLDED.search(match.group(2) if match else line):
                 self.folded += 1

@@ -5,8 +5,7 @@ that torchrun runs once per node and DDP's traffic crosses a real, slow link.
 It needs root (CAP_NET_ADMIN), ``ip`` and ``tc`` (iproute2), and the kernel's tbf queue. :func:`unavailable`
 says in one sentence when that is missing; the notebooks then use the simulated wire instead. Every
 namespace is named ``dpc<pid>-...`` after the process that made it; :meth:`Lab.close` removes the
-namespaces (and with them their links), the processes inside them and their /etc/netns files, on
-success, on error and on Ctrl-C, and a new Lab first removes what a crashed kernel left behind.
+namespaces (and with them their links) and the processes inside them, on success, on error and on Ctrl-C, and a new Lab first removes what a crashed kernel left behind.
 Only addresses inside these namespaces are used (10.213.0.0/24); the machine's own network is untouched.
 """
 
@@ -17,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 from helpers.errors import CourseError
 
@@ -25,7 +23,6 @@ PREFIX = "dpc"  # every namespace the lab makes starts with this, then the pid o
 SUBNET = "10.213.0"  # node k is 10.213.0.(k + 1); the switch has no address
 CARD = "eth0"  # the node's network card inside its namespace; gloo is told to use it
 OFF_ENV = "COURSE_NETLAB"  # set to "off" to take the simulated-wire path even where the lab could run
-_ETC = Path("/etc/netns")  # `ip netns exec` mounts /etc/netns/<name>/hosts over /etc/hosts
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -52,7 +49,7 @@ def _owner(name: str) -> int:
 
 
 def _remove(name: str) -> None:
-    """Stop every process in namespace ``name``, delete it (its links go with it) and its /etc/netns files."""
+    """Stop every process in namespace ``name`` and delete it (its links go with it)."""
     pids = _ip("ip", "netns", "pids", name, check=False).stdout.split()
     for pid in pids:
         try:
@@ -63,7 +60,6 @@ def _remove(name: str) -> None:
         if _ip("ip", "netns", "delete", name, check=False).returncode == 0 or name not in namespaces():
             break
         time.sleep(0.1)
-    shutil.rmtree(_ETC / name, ignore_errors=True)
 
 
 def remove_stale() -> list[str]:
@@ -156,11 +152,8 @@ class Lab:
         _ip("ip", "netns", "add", self.switch)
         _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
         _ip("ip", "link", "set", "br0", "up", ns=self.switch)
-        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(k)} node{k}\n" for k in range(self.nodes))
         for k, name in enumerate(self.names):
             _ip("ip", "netns", "add", name)
-            (_ETC / name).mkdir(parents=True, exist_ok=True)
-            (_ETC / name / "hosts").write_text(hosts)
             port = f"port{k}"
             _ip(
                 "ip",

@@ -284,6 +284,10 @@ def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
         ("{'loss': 3.46707225, 'grad_norm': 2.61, 'global_step/max_steps': '1/40'}", False),
         ("Traceback (most recent call last):", False),
         ("[ERROR:swift] something failed", False),
+        (
+            "[W1201 07:39:21.89 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3",
+            True,
+        ),
     ],
 )
 def test_library_chatter_is_folded_and_what_teaches_is_shown(line, folded):
