@@ -3,11 +3,24 @@
 A lesson module registers one checker per exercise with ``@checker("01.1")``; the notebook calls
 ``check("01.1", answer)``. The solution cell (collapsed) asserts ``check(...)`` so CI proves that
 the reference answer passes.
+
+A checker returns ``(ok, message)`` or raises :class:`Wrong` with the message. The small core below
+fails closed: a number must be a finite real number (no bool, no string), a tensor must be finite, and
+every message names the unit it expects and shows values with ``repr``. The learner's function runs
+through :func:`call`, which keeps what it does to the process (streams, working directory) to itself.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import dis
+import inspect
+import io
+import math
+import numbers
+import os
+import sys
+import traceback
 from collections.abc import Callable
 
 _CHECKERS: dict[str, Callable] = {}
@@ -19,6 +32,10 @@ class NotAnswered(Exception):
     where it cannot be watched from here, e.g. on ranks forked by ``ddp.on_ranks``."""
 
 
+class Wrong(Exception):
+    """Raised inside a checker: the answer is wrong, and the message says why."""
+
+
 def checker(exercise: str):
     """Register ``fn(answer) -> (ok, message)`` as the checker of ``exercise``."""
 
@@ -27,6 +44,11 @@ def checker(exercise: str):
         return fn
 
     return register
+
+
+def registered() -> list[str]:
+    """The exercises that have a checker, in order."""
+    return sorted(_CHECKERS)
 
 
 class Verdict:
@@ -45,39 +67,38 @@ class Verdict:
         pass
 
 
+def is_placeholder(fn) -> bool:
+    """True for a function whose body is still the placeholder (``...`` or ``pass``): it returns None."""
+    code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+    if code is None:
+        return False
+    skip = {"RESUME", "NOP", "COPY_FREE_VARS", "MAKE_CELL", "CACHE"}
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in skip]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
 def check(exercise: str, answer, solution: bool = False) -> Verdict:
     """Print a verdict for ``answer``; the result is truthy when it is right.
 
-    ``answer`` may be a value or, for a function exercise, the learner's function: one that still
-    returns None whenever the checker calls it (its body is ``...``) counts as not answered.
+    ``answer`` may be a value or, for a function exercise, the learner's function: one whose body is still
+    the placeholder ``...`` counts as not answered (a function that returns None for some inputs is wrong).
     ``solution=True`` (the collapsed solution cells) prints only that the reference answer passes: its
     output is visible before the cell is opened, so it must not give the answer or the explanation away.
     """
     if exercise not in _CHECKERS:
         raise KeyError(f"no checker is registered for exercise {exercise!r}; known: {sorted(_CHECKERS)}")
     unanswered = f"Exercise {exercise}: not answered yet. Replace the placeholder and run the cell again."
-    if answer is None or answer is Ellipsis:
+    if answer is None or answer is Ellipsis or is_placeholder(answer):
         print(unanswered)
         return Verdict(False)
-    returned: list = []
-    if callable(answer):  # a function exercise: watch what the learner's function returns
-        learner_fn = answer
-
-        @functools.wraps(learner_fn)
-        def answer(*args, **kwargs):
-            returned.append(learner_fn(*args, **kwargs))
-            return returned[-1]
-
     try:
         ok, message = _CHECKERS[exercise](answer)
-    except NotAnswered:
-        print(unanswered)
-        return Verdict(False)
+    except Wrong as wrong:
+        ok, message = False, str(wrong)
+    except NotAnswered as none:  # None from a function that is no longer the placeholder: a wrong answer
+        ok, message = False, str(none) or "your function returned None: is a `return` missing?"
     except Exception as exc:  # a wrong type of answer is feedback, not a crash
-        ok, message = False, f"the answer could not be checked ({type(exc).__name__}: {exc})"
-    if returned and all(r is None for r in returned):  # the body is still `...`
-        print(unanswered)
-        return Verdict(False)
+        ok, message = False, f"the answer could not be checked ({type(exc).__name__}: {exc})."
     if solution and ok:
         print(f"Exercise {exercise}: ✅ the reference solution passes the checker.")
     else:
@@ -85,9 +106,138 @@ def check(exercise: str, answer, solution: bool = False) -> Verdict:
     return Verdict(ok)
 
 
+def shown(value, limit: int = 100) -> str:
+    """``repr(value)``, shortened to about ``limit`` characters; a tensor by its shape and dtype."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + " ...)"
+
+
+@contextlib.contextmanager
+def _isolated():
+    """Give the learner's code its own sys streams; restore them, fds 0-2 and the working directory after."""
+    cwd, streams = os.getcwd(), (sys.stdin, sys.stdout, sys.stderr)
+    saved = []
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            saved.append((fd, os.dup(fd)))
+    sys.stdout, sys.stderr = io.StringIO(), io.StringIO()  # what it prints is not shown
+    try:
+        yield
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = streams
+        for fd, copy in saved:  # a function that closed fd 1 (open(1) ...) must not close the kernel's
+            os.dup2(copy, fd)
+            os.close(copy)
+        try:
+            moved = os.getcwd() != cwd
+        except OSError:  # it removed the folder it moved into
+            moved = True
+        if moved:
+            os.chdir(cwd)
+
+
+def call(fn, *args, show: str | None = None) -> tuple:
+    """``(fn(*args), "fn(args) returned")``, run isolated; an exception becomes :class:`Wrong` naming the call."""
+    name = getattr(fn, "__name__", "your function")
+    said = show or f"{name}({', '.join(shown(a, 60) for a in args)})"
+    if not callable(fn):
+        raise Wrong(f"answer with a function (def ...), not {shown(fn)}.")
+    failure = None
+    with _isolated():
+        try:
+            result = fn(*args)
+        except (Exception, SystemExit) as exc:
+            frames = traceback.extract_tb(exc.__traceback__)[1:]
+            mine = [f for f in frames if "site-packages" not in f.filename and "/helpers/" not in f.filename]
+            where = f" (line {mine[-1].lineno}, in {mine[-1].name})" if mine else ""
+            failure = f"{said} raised {type(exc).__name__}: {exc}{where}."
+    if failure:  # raised here, after the exception (and any file it held open) is gone
+        raise Wrong(failure)
+    return result, f"{said} returned"
+
+
+def _real(value):
+    """``value`` as a float when it is one real number (numpy and 0-d tensor scalars too), else None."""
+    if not isinstance(value, numbers.Number) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return math.inf
+
+
+def number(value, said: str, unit: str) -> float:
+    """``value`` as a float, or :class:`Wrong` unless it is a finite real number (not a bool or a string)."""
+    got = _real(value)
+    if got is None:
+        hint = " (is a `return` missing?)" if value is None else ""
+        hint = " (text, not a number)" if isinstance(value, str) else hint
+        raise Wrong(f"{said} {shown(value)}{hint}; the answer is a number of {unit}.")
+    if not math.isfinite(got):
+        raise Wrong(f"{said} {shown(value)}, not a finite number of {unit}.")
+    return got
+
+
+def integer(value, said: str, unit: str) -> int:
+    """``value`` as an int, or :class:`Wrong` unless it is a finite whole number (an integral float is fine)."""
+    got = number(value, said, unit)
+    if not got.is_integer():
+        raise Wrong(f"{said} {shown(value)}, not a whole number of {unit}.")
+    return int(value) if isinstance(value, numbers.Integral) else int(got)
+
+
+def items(value, said: str, n: int | None, kind: type = tuple, what: str = "a tuple") -> list:
+    """The items of ``value``, or :class:`Wrong` unless it is a ``kind`` (of ``n`` items when given)."""
+    if not isinstance(value, kind):
+        hint = " (is a `return` missing?)" if value is None else ""
+        raise Wrong(f"{said} {shown(value)}{hint}; the answer is {what}.")
+    if n is not None and len(value) != n:
+        raise Wrong(f"{said} {shown(value)}, {len(value)} item(s); the answer is {what}, {n} item(s).")
+    return list(value)
+
+
 def close(a, b, rel: float = 1e-6, abs_: float = 1e-9) -> bool:
-    """True when two numbers (or equal-length sequences of numbers) agree within tolerance."""
+    """True when two finite numbers (or equal-length lists/tuples of them) agree within tolerance."""
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(close(x, y, rel, abs_) for x, y in zip(a, b, strict=True))
-    a, b = float(a), float(b)
+        return (
+            isinstance(a, (list, tuple))
+            and isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(close(x, y, rel, abs_) for x, y in zip(a, b, strict=True))
+        )
+    a, b = _real(a), _real(b)
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return False
     return abs(a - b) <= max(abs_, rel * max(abs(a), abs(b)))
+
+
+def tensor(value, said: str, like):
+    """``value`` as a float64 tensor shaped like ``like``, or :class:`Wrong`; any float dtype is fine."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        hint = " (is a `return` missing?)" if value is None else ""
+        raise Wrong(f"{said} {shown(value)}{hint}; the answer is one torch tensor.")
+    if tuple(value.shape) != tuple(like.shape):
+        raise Wrong(
+            f"{said} a tensor of shape {tuple(value.shape)}; it should have shape {tuple(like.shape)}."
+        )
+    if not value.is_floating_point():
+        raise Wrong(f"{said} a {value.dtype} tensor; the answer holds floating-point numbers.")
+    value = value.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(value).all()):
+        raise Wrong(f"{said} a tensor holding NaN or infinity.")
+    return value
+
+
+def tensors_close(got, want, rel: float = 1e-5) -> bool:
+    """True when two tensors agree within ``rel`` of the larger one's largest entry (compared in float64)."""
+    import torch
+
+    got, want = got.detach().double(), want.detach().double()
+    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1e-12)
+    return bool(torch.isfinite(got).all()) and bool(((got - want).abs() <= rel * scale).all())
