@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers import finetune, launching, models, paths
 from helpers.errors import CourseError
-from helpers.exercises import checker
+from helpers.exercises import Wrong, call, checker, shown, tensor, tensors_close
 
 QUESTIONS_FILE = "questions.jsonl"
 ANSWERS_FILE = "answers.jsonl"
@@ -411,75 +411,103 @@ def same_answers(a, b) -> int:
 # --- exercises ------------------------------------------------------------------------------------------
 
 
-def _lora_case(seed: int, out_features: int = 6, in_features: int = 5, r: int = 2, alpha: int = 8):
+def _lora_case(seed: int, out_features: int = 6, in_features: int = 5, r: int = 2, alpha: float = 8, dtype=None):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(out_features, in_features, generator=gen)
-    a = torch.randn(r, in_features, generator=gen)
-    b = torch.randn(out_features, r, generator=gen)
+    weight = torch.randn(out_features, in_features, generator=gen, dtype=dtype)
+    a = torch.randn(r, in_features, generator=gen, dtype=dtype)
+    b = torch.randn(out_features, r, generator=gen, dtype=dtype)
     return weight, a, b, alpha, r
 
 
 @checker("07.1")
 def _check_merge_weight(fn):
     """fn(W, A, B, alpha, r) -> the merged weight W + (alpha / r) * B @ A."""
+    import random
+
     import torch
 
-    for seed, r, alpha in [(0, 2, 8), (1, 4, 32), (2, 1, 1)]:
-        weight, a, b, alpha, r = _lora_case(seed, r=r, alpha=alpha)
-        x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(seed + 10))
-        lora_output = x @ weight.T + (alpha / r) * (x @ a.T) @ b.T  # what the adapter computes beside W
-        got = fn(weight.clone(), a.clone(), b.clone(), alpha, r)
-        got = torch.as_tensor(got)
-        if got.shape != weight.shape:
-            return (
-                False,
-                f"the merged weight must keep W's shape {tuple(weight.shape)}, not {tuple(got.shape)}.",
-            )
-        if not torch.allclose(x @ got.T, lora_output, atol=1e-5):
-            return False, (
-                f"with r={r}, alpha={alpha} your weight does not reproduce W x + (alpha/r) B A x; "
-                "the update is B @ A (shape out x in), scaled by alpha / r."
-            )
+    rng = random.Random(71)
+    cases = [(0, 6, 5, 2, 8), (1, 6, 5, 4, 32), (2, 6, 5, 1, 1), (3, 7, 4, 3, 16), (4, 5, 8, 16, 8), (5, 3, 3, 2, 1)]
+    cases += [(6, 4, 6, 4, 12.5)]  # alpha / r not a whole number; alpha a float
+    cases += [(10 + i, rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 8), rng.randint(1, 64)) for i in range(8)]
+    for seed, out_f, in_f, r, alpha in cases:
+        dtype = torch.float64 if seed % 2 else torch.float32
+        weight, a, b, alpha, r = _lora_case(seed, out_f, in_f, r, alpha, dtype)
+        want = weight.double() + (alpha / r) * b.double() @ a.double()
+        label = f"merge_weight(W {out_f}x{in_f}, A {r}x{in_f}, B {out_f}x{r}, alpha={alpha!r}, r={r!r})"
+        got = tensor(*call(fn, weight.clone(), a.clone(), b.clone(), alpha, r, show=label), weight)
+        if tensors_close(got, want):
+            continue
+        if tensors_close(got, weight.double() + b.double() @ a.double()):
+            raise Wrong(f"{label}: the update B @ A is scaled by alpha / r = {alpha / r!r} before it is added.")
+        if tensors_close(got, weight.double() + (alpha // r) * b.double() @ a.double()):
+            raise Wrong(f"{label}: alpha // r rounds the scale down to {alpha // r!r}; it is alpha / r = {alpha / r!r}.")
+        if tensors_close(got, weight.double() + (r / alpha) * b.double() @ a.double()):
+            raise Wrong(f"{label}: the scale is upside down; it is alpha / r = {alpha / r!r}.")
+        if tensors_close(got, (alpha / r) * b.double() @ a.double()):
+            raise Wrong(f"{label}: that is the update alone; the merged weight is W plus it.")
+        raise Wrong(
+            f"{label} does not give W + (alpha/r) B A; the update is B @ A (shape out x in), scaled by alpha / r."
+        )
     return (
         True,
         "one matrix now does what W and the adapter did together: that is all swift export --merge_lora does.",
     )
 
 
+def _infer_cases(rng) -> list[list[dict]]:
+    """swift infer result files for 07.2: one or several conversations, a system prompt, several turns."""
+
+    def line(*turns, response, system=None):
+        messages = [{"role": "system", "content": system}] if system else []
+        for question, answer in turns:
+            messages.append({"role": "user", "content": question})
+            messages.append({"role": "assistant", "content": answer})
+        return {"response": response, "labels": None, "messages": messages}
+
+    files = [
+        [
+            line(("Who are you?", "I am XiaoKe."), response="I am XiaoKe."),
+            line(("法国的首都是哪里？", "巴黎。"), response="巴黎。", system="Be brief."),
+        ],
+        [
+            line(("Hi", "Hello!"), ("What is 2 + 2?", "4"), response="4"),
+            line(("你好", "你好！"), ("你叫什么？", "我是小课。"), ("谁训练的你？", "DDP课程。"), response="DDP课程。", system="S"),
+        ],
+        [line(("Only one line?", "Yes."), response="Yes.")],
+    ]
+    for _ in range(3):
+        rows = []
+        for i in range(rng.randint(1, 5)):
+            turns = [(f"q{i}.{t}-{rng.randint(0, 999)}", f"a{i}.{t}") for t in range(rng.randint(1, 3))]
+            system = "You are helpful." if rng.random() < 0.5 else None
+            rows.append(line(*turns, response=turns[-1][1], system=system))
+        files.append(rows)
+    return files
+
+
 @checker("07.2")
 def _check_read_answers(fn):
     """fn(path) -> {question: answer} from a swift infer result file."""
+    import random
     import tempfile
 
-    rows = [
-        {
-            "response": "I am XiaoKe.",
-            "labels": None,
-            "messages": [
-                {"role": "user", "content": "Who are you?"},
-                {"role": "assistant", "content": "I am XiaoKe."},
-            ],
-        },
-        {
-            "response": "巴黎。",
-            "labels": None,
-            "messages": [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "法国的首都是哪里？"},
-                {"role": "assistant", "content": "巴黎。"},
-            ],
-        },
-    ]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "answers.jsonl"
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        got = fn(str(path))
-    want = {"Who are you?": "I am XiaoKe.", "法国的首都是哪里？": "巴黎。"}
-    if dict(got) != want:
-        return False, (
-            f"got {dict(got)!r}; each line's question is the last user message and its answer is `response` "
-            "(a system message may come first)."
-        )
+        for case, rows in enumerate(_infer_cases(random.Random(72))):
+            path = Path(tmp) / f"answers{case}.jsonl"
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+            got, said = call(fn, str(path), show=f"answers_from on a file of {len(rows)} line(s)")
+            if not isinstance(got, dict):
+                raise Wrong(f"{said} {shown(got)}; the answer is a dict from question to answer.")
+            want = {[m["content"] for m in r["messages"] if m["role"] == "user"][-1]: r["response"] for r in rows}
+            if got == want:
+                continue
+            shown_rows = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
+            if len(got) < len(want) and all(want.get(k) == v for k, v in got.items()):
+                why = "one entry per line of the file: every line is a question of its own"
+            else:
+                why = "each line's question is its last user message (a system message or earlier turns may come first) and its answer is `response`"
+            raise Wrong(f"for the file\n{shown_rows}\nthe answer is {want!r}, not {shown(got, 300)}: {why}.")
     return True, "that is how the table above was read from swift infer's file."

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from helpers import launching
-from helpers.exercises import checker
+from helpers.exercises import Wrong, call, checker, close, items, number, shown
 
 READY_TWICE = "Expected to mark a variable ready only once"
 _PREFIX = re.compile(r"^\[rank\d+\]:(?:\[rank\d+\]: ?)?")
@@ -358,8 +358,14 @@ def stack_frames(dump: str) -> list[str]:
 @checker("09.1")
 def _which_settings_fail(answer):
     """The set of (use_reentrant, find_unused_parameters) pairs that stop DDP with READY_TWICE."""
+    what = "a set of (use_reentrant, find_unused_parameters) pairs"
+    pairs = items(answer, "your answer is", None, (set, frozenset), what)
+    for pair in pairs:
+        items(pair, "your answer holds", 2, tuple, "a pair (use_reentrant, find_unused_parameters)")
+        if not all(isinstance(v, bool) for v in pair):
+            return False, f"{pair!r}: write each setting as True or False, as in the table."
     want = {(True, True)}
-    got = {tuple(bool(v) for v in pair) for pair in answer}
+    got = set(pairs)
     if got == want:
         return True, (
             "Only reentrant checkpointing with find_unused_parameters=True: DDP marks the parameters it "
@@ -377,16 +383,33 @@ def _which_settings_fail(answer):
 @checker("09.2")
 def _activation_memory(fn):
     """A function (layers, layer_mb, input_mb, checkpointed) -> MB of activations held at the peak."""
-    for layers in (1, 2, 8, 30):
-        for layer_mb, input_mb in ((1.0, 0.1), (12.5, 1.5), (40.0, 2.0)):
-            for ckpt in (False, True):
-                want = layers * input_mb + layer_mb if ckpt else layers * layer_mb
-                got = fn(layers, layer_mb, input_mb, ckpt)
-                if got is None or abs(float(got) - want) > 1e-6 * max(want, 1):
-                    return False, (
-                        f"{layers} layers of {layer_mb} MB (inputs {input_mb} MB), checkpointed={ckpt}: "
-                        f"expected {want:g} MB, got {got}."
-                    )
+    import random
+
+    rng = random.Random(92)
+    cases = [
+        (n, lm, im, c)
+        for n in (8, 30, 2, 1)
+        for lm, im in ((1.0, 0.1), (12.5, 1.5), (40.0, 2.0))
+        for c in (False, True)
+    ]
+    cases += [
+        (rng.randint(1, 96), rng.uniform(1, 500), rng.uniform(0.01, 1), rng.random() < 0.5) for _ in range(20)
+    ]
+    for layers, layer_mb, input_mb, ckpt in cases:
+        want = layers * input_mb + layer_mb if ckpt else layers * layer_mb
+        got = number(*call(fn, layers, layer_mb, input_mb, ckpt), "MB")
+        if close(got, want, rel=1e-9):
+            continue
+        shown_ = f"{layers} layers of {layer_mb!r} MB (inputs {input_mb!r} MB), checkpointed={ckpt}"
+        if ckpt and close(got, layers * input_mb, rel=1e-9):
+            why = "; the layer being recomputed holds its layer_mb too"
+        elif ckpt and close(got, layers * layer_mb, rel=1e-9):
+            why = "; with checkpointing only each layer's input waits for backward"
+        elif ckpt and close(got, (layers - 1) * input_mb + layer_mb, rel=1e-9):
+            why = "; count every layer's kept input, the recomputed one's included, plus its layer_mb"
+        else:
+            why = ""
+        raise Wrong(f"{shown_}: expected {want!r} MB, got {got!r} MB{why}.")
     return True, (
         "Without checkpointing every layer's activations wait for backward; with it only each layer's "
         "input is kept, plus one layer's activations while that layer is recomputed."
@@ -396,13 +419,15 @@ def _activation_memory(fn):
 @checker("09.3")
 def _first_to_stop(answer):
     """Which rank's py-spy dump shows it stuck inside the collective, and which one never arrived."""
-    try:
-        waiting, missing = (int(answer[0]), int(answer[1]))
-    except (TypeError, ValueError, IndexError):
-        return False, "answer with a pair (rank waiting in all_reduce, rank that never called it)."
+    waiting, missing = items(answer, "your answer is", 2, what="a pair (waiting rank, missing rank)")
+    for name, rank in (("waiting", waiting), ("missing", missing)):
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            return False, f"{name} is {shown(rank)}; a rank is an int, 0 or 1."
     if (waiting, missing) == (0, 1):
         return True, (
             "Rank 0 waits inside all_reduce for a partner that never comes; rank 1, the real culprit, is "
             "somewhere else entirely. The stuck-looking rank is rarely the one to fix."
         )
+    if waiting == missing:
+        return False, "one rank waits and the other is missing: they are two different ranks."
     return False, "look at the innermost frames of each dump: which rank is inside all_reduce?"
