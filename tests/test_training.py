@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from helpers import launching, paths, training
 from helpers.errors import CourseError
-from helpers.exercises import check
 
 # --- deterministic toys -----------------------------------------------------------------------------
 
@@ -252,77 +251,3 @@ def test_swift_reads_the_five_launch_variables():
     }
 
 
-def test_checkers_accept_the_right_answers_and_reject_wrong_ones(capsys):
-    assert check("04.1", (334, 2))
-    assert not check("04.1", (333, 1))
-    assert check("04.2", lambda s, a, g, n: s * g * (1 if n else a))
-    assert not check("04.2", lambda s, a, g, n: s * g * a)
-    assert check("04.3", lambda s, spe, a: (s // spe, (s % spe) * a))
-    assert not check("04.3", lambda s, spe, a: (s // spe, s % spe))
-    assert "not yet" in capsys.readouterr().out
-
-
-def test_exercise_04_4_runs_the_accumulation_step_on_ranks_and_catches_forward_outside_no_sync(capsys):
-    import contextlib
-
-    def right(net, optimizer, micro_batches):
-        optimizer.zero_grad()
-        for i, (x, y) in enumerate(micro_batches):
-            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
-                (F.cross_entropy(net(x), y) / len(micro_batches)).backward()
-        optimizer.step()
-
-    def backward_only(net, optimizer, micro_batches):
-        optimizer.zero_grad()
-        for i, (x, y) in enumerate(micro_batches):
-            loss = F.cross_entropy(net(x), y) / len(micro_batches)
-            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
-                loss.backward()
-        optimizer.step()
-
-    def unscaled(net, optimizer, micro_batches):
-        optimizer.zero_grad()
-        for i, (x, y) in enumerate(micro_batches):
-            with contextlib.nullcontext() if i == len(micro_batches) - 1 else net.no_sync():
-                F.cross_entropy(net(x), y).backward()
-        optimizer.step()
-
-    def stub(net, optimizer, micro_batches): ...
-
-    assert check("04.4", right)
-    assert check("04.4", lambda net, optimizer, micro_batches: right(net, optimizer, micro_batches) or "done")
-    assert (
-        not check("04.4", backward_only)
-        and "forward pass must be inside no_sync()" in capsys.readouterr().out
-    )
-    assert not check("04.4", unscaled)
-    assert not check("04.4", stub) and "not answered yet" in capsys.readouterr().out
-
-
-def test_exercise_04_5_wants_set_epoch(capsys):
-    from torch.utils.data import DistributedSampler
-
-    from helpers.exercises import check
-
-    def broken(n, rank, world, epochs, seed=0):
-        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        return [list(sampler) for _ in range(epochs)]
-
-    def fixed(n, rank, world, epochs, seed=0):
-        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        orders = []
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            orders.append(list(sampler))
-        return orders
-
-    def own_shuffle(n, rank, world, epochs, seed=0):  # different orders, but not the sampler's shards
-        import random
-
-        return [random.Random(seed + e).sample(range(n), n)[rank::world] for e in range(epochs)]
-
-    assert check("04.5", fixed)
-    assert not check("04.5", broken)
-    assert "only sampler.set_epoch(epoch) tells it the epoch" in capsys.readouterr().out
-    assert not check("04.5", own_shuffle)
-    assert not check("04.5", lambda n, rank, world, epochs, seed=0: "0 1 2")

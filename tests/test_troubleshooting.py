@@ -8,7 +8,6 @@ import time
 import pytest
 
 from helpers import launching, troubleshooting
-from helpers.exercises import check
 
 RANK_OUTPUT = [
     "[rank0]:Traceback (most recent call last):",
@@ -156,28 +155,6 @@ def test_run_and_dump_sees_the_stuck_function(build, tmp_path):
     assert len(dumps) == 1
     frames = troubleshooting.stack_frames(next(iter(dumps.values())))
     assert any(f.startswith("stuck_here (stuck.py:") for f in frames), frames
-
-
-def test_checker_09_1():
-    assert check("09.1", {(True, True)})
-    assert check("09.1", [[1, 1]])  # any pair of truthy values
-    assert not check("09.1", {(True, True), (True, False)})
-    assert not check("09.1", {(False, True)})
-    assert not check("09.1", None)
-
-
-def test_checker_09_2():
-    assert check("09.2", lambda n, layer, inp, ckpt: n * inp + layer if ckpt else n * layer)
-    assert not check("09.2", lambda n, layer, inp, ckpt: n * layer)
-    assert not check(
-        "09.2", lambda n, layer, inp, ckpt: n * inp if ckpt else n * layer
-    )  # forgot the recompute
-
-
-def test_checker_09_3():
-    assert check("09.3", (0, 1))
-    assert not check("09.3", (1, 0))
-    assert not check("09.3", "rank 0")
 
 
 def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):

@@ -1,0 +1,744 @@
+"""Every exercise checker: the solution passes, realistic wrong answers fail with a message that says why,
+and NaN, infinities, strings, None, bools and a function that raises never count as right.
+
+The table ``EXERCISES`` is checked against the registry, so an exercise added without tests fails here.
+The committed notebooks' solution cells are run too (``test_notebook_solutions_pass...``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
+
+from helpers import (
+    dataparallel,
+    ddp,
+    environment,
+    exercises,
+    finetune,
+    inference,
+    parallelism,
+    sharding,
+    training,
+    troubleshooting,
+)
+from helpers.exercises import check, checker
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+N7B = parallelism.QWEN25_7B_PARAMETERS
+
+
+@dataclass
+class Exercise:
+    solution: object
+    wrong: list  # (answer, fragment the message must hold or None); the first is the most common mistake
+    embed: object  # value -> an answer that carries ``value`` where the number (or text) belongs
+    bad_values: tuple = (math.nan, math.inf, -math.inf, "1.5", None, True)
+    raising: object = field(default=None)  # a function that raises, for function exercises
+
+
+def _raises(*args):
+    raise ValueError("boom")
+
+
+def returns(value):
+    """A learner's function that returns ``value`` whatever it is given (not the placeholder body)."""
+    return lambda *args: value
+
+
+# --- reference answers, written as the solution cells write them -------------------------------------
+
+
+def combine(grads, sizes):
+    return sum(n / sum(sizes) * g for g, n in zip(grads, sizes, strict=True))
+
+
+def ring(nbytes, n, alpha, beta):
+    return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
+def in_two(tensor):
+    world = dist.get_world_size()
+    mine = torch.empty(tensor.numel() // world, dtype=tensor.dtype)
+    dist.reduce_scatter(mine, list(tensor.chunk(world)))
+    pieces = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(pieces, mine)
+    return torch.cat(pieces)
+
+
+def average_hook(state, bucket):
+    averaged = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(averaged, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def hook_returning(value):
+    def hook(state, bucket):
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer() * value if isinstance(value, float) else value)
+        return future
+
+    return hook
+
+
+def accumulation_step(net, optimizer, micro_batches, sync_forward=False, scale=True, step=True):
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        if sync_forward:  # the forward pass outside no_sync: DDP has already decided to sync
+            loss = F.cross_entropy(net(x), y) / (len(micro_batches) if scale else 1)
+            with contextlib.nullcontext() if last else net.no_sync():
+                loss.backward()
+        else:
+            with contextlib.nullcontext() if last else net.no_sync():
+                (F.cross_entropy(net(x), y) / (len(micro_batches) if scale else 1)).backward()
+    if step:
+        optimizer.step()
+
+
+def step_then_fill(value):
+    def step(net, optimizer, micro_batches):
+        accumulation_step(net, optimizer, micro_batches)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.fill_(value)
+
+    return step
+
+
+def epoch_orders(n, rank, world, epochs, seed=0, tell=True, offset=0):
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    orders = []
+    for epoch in range(epochs):
+        if tell:
+            sampler.set_epoch(epoch + offset)
+        orders.append(list(sampler))
+    return orders
+
+
+def fill_row(row, name, author, zh=lambda tag: tag == "zh", keys=("query", "response"), count=-1):
+    i = 0 if zh(row["tag"]) else 1
+    out = dict(row)
+    for key in keys:
+        out[key] = row[key].replace("{{NAME}}", name[i], count).replace("{{AUTHOR}}", author[i], count)
+    return out
+
+
+def last_logged(path, step_of=lambda entry: int(entry["global_step/max_steps"].split("/")[0])):
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    steps = [e for e in lines if "loss" in e and "global_step/max_steps" in e and "train_runtime" not in e]
+    return step_of(steps[-1]), float(steps[-1]["loss"])
+
+
+def answers_from(path, pick=-1, keep_all=True):
+    out = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        if not keep_all:
+            out = {}
+        out[users[pick]] = row["response"]
+    return out
+
+
+def ckpt(layers, layer_mb, input_mb, checkpointed):
+    return layers * input_mb + layer_mb if checkpointed else layers * layer_mb
+
+
+EXERCISES = {
+    "01.1": Exercise(
+        combine,
+        [
+            (lambda g, s: sum(g) / len(g), "plain mean is off"),
+            (lambda g, s: sum(g), "too large"),
+            (lambda g, s: sum(n * x for n, x in zip(s, g, strict=True)), "not divided by B"),
+            (lambda g, s: sum(x / n for n, x in zip(s, g, strict=True)), "differs"),
+            (lambda g, s: g[0], "differs"),
+            (lambda g, s: combine(g, s).float(), None),  # float32 is fine: see test_dtype_tolerant
+        ],
+        lambda v: (lambda g, s: g[0] * v) if isinstance(v, float) else returns(v),
+    ),
+    "01.2": Exercise(
+        (2 * 7 / 8, 7.0),
+        [
+            ((2.0, 7.0), "never sends the chunk it ends up owning"),
+            ((1.75, 8.0), "only the other 7"),
+            ((0.875, 7.0), "reduce-scatter only"),
+            ((7.0, 1.75), "swapped"),
+            ((1.75e9, 7e9), "in bytes"),
+            ([1.75, 7.0], "a tuple"),
+            ({1.75: "ring", 7.0: "gpu0"}, "a tuple"),
+        ],
+        lambda v: (v, 7.0),
+    ),
+    "01.3": Exercise(
+        N7B * parallelism.BF16_MIXED_ADAM.total / 1e9,
+        [
+            (N7B * 16 / 1e9 / 8, "ZeRO-3"),
+            (N7B * 16 / 2**30, "GiB"),
+            (N7B * 12 / 1e9, "master weights"),
+            (N7B * 16, "in bytes"),
+            (50.0, "16 bytes per parameter"),
+        ],
+        lambda v: v,
+    ),
+    "02.1": Exercise(
+        lambda k, w: (k - 1) * w,
+        [
+            (lambda k, w: k * w, "already holds the model"),
+            (lambda k, w: (k - 1) * w / k, "not 2"),
+            (lambda k, w: w, "already holds the model"),
+            (lambda k, w: k - 1, "not 1"),
+            (lambda k, w: (k - 1) * w if k > 1 else None, "returned None"),
+        ],
+        returns,
+    ),
+    "02.2": Exercise(
+        {"parallel forward", "parallel backward"},
+        [
+            ({"parallel forward"}, "one of them is missing"),
+            (set(dataparallel.STEPS), "main device alone"),
+            ({"forward", "backward"}, "not step names"),
+            ({"parallel forward", "parallel backward", "reduce gradients"}, "main device alone"),
+            (["parallel forward", "parallel backward"], "a set"),
+        ],
+        lambda v: {v} if v is not None else None,
+        bad_values=(math.nan, math.inf, -math.inf, "1.5", True),
+    ),
+    "02.3": Exercise(
+        lambda k: k,
+        [
+            (lambda k: 1, "2 times the full-batch gradient"),
+            (lambda k: 1 / k, "upside down"),
+            (lambda k: k - 1, "not 0"),
+            (lambda k: k * k, "not 4"),
+        ],
+        returns,
+    ),
+    "03.1": Exercise(
+        ring,
+        [
+            (lambda nb, n, a, b: 2 * (n - 1) * nb / n * b, "leaves out the latency"),
+            (lambda nb, n, a, b: (n - 1) * (a + nb / n * b), "half of it"),
+            (lambda nb, n, a, b: a + 2 * (n - 1) * nb / n * b, "not"),
+            (lambda nb, n, a, b: 2 * (n - 1) * (a + nb * b), "not"),
+            (lambda nb, n, a, b: 2 * n * (a + nb / n * b), "not"),
+        ],
+        returns,
+    ),
+    "03.2": Exercise(
+        lambda sizes, cap: ddp.expected_buckets(sizes, cap),
+        [
+            (ddp._pack_strictly, "reaches its cap exactly is full"),
+            (lambda sizes, cap: ddp.expected_buckets(sizes, cap)[:-1] or [[]], None),
+            (lambda sizes, cap: [[i] for i in range(len(sizes))], "pack into"),
+            (lambda sizes, cap: [list(range(len(sizes)))], "pack into"),
+            (lambda sizes, cap: [b[::-1] for b in ddp.expected_buckets(sizes, cap)], "pack into"),
+        ],
+        lambda v: returns([[v]]),
+    ),
+    "03.3": Exercise(
+        lambda ready, wire: ddp.link_finish_times(ready, wire)[-1],
+        [
+            (lambda ready, wire: ready[-1] + wire[-1], "still be busy"),
+            (lambda ready, wire: ready[0] + sum(wire), "arrives at"),
+            (lambda ready, wire: max(r + w for r, w in zip(ready, wire, strict=True)), "arrives at"),
+            (lambda ready, wire: ready[-1] + sum(wire), "arrives at"),
+            (lambda ready, wire: ddp.link_finish_times(ready, wire), "number of seconds"),
+        ],
+        returns,
+    ),
+    "03.4": Exercise(
+        in_two,
+        [
+            (lambda t: t * dist.get_world_size(), "rank 0 got"),
+            (lambda t: in_two(t).copy_(t) if False else t.copy_(in_two(t)), "leave the input"),
+            (lambda t: (lambda o: (dist.all_reduce(o), o)[1])(t.clone()), "without dist.all_reduce"),
+            (
+                lambda t: (lambda m: (dist.reduce_scatter(m, list(t.chunk(dist.get_world_size()))), m)[1])(
+                    torch.empty(t.numel() // dist.get_world_size(), dtype=t.dtype)
+                ),
+                "rank 0 got",
+            ),
+        ],
+        lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
+        bad_values=(math.nan, math.inf, "1.5", None),
+    ),
+    "03.5": Exercise(
+        average_hook,
+        [
+            (
+                lambda s, b: (
+                    dist.all_reduce(b.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+                ),
+                "average, do not just add",
+            ),
+            (lambda s, b: hook_returning(1 / dist.get_world_size())(s, b), "average, do not just add"),
+            (lambda s, b: b.buffer(), "torch.futures.Future"),
+            (lambda s, b: dist.all_reduce(b.buffer().div_(2), async_op=True).get_future(), "failed"),
+        ],
+        hook_returning,
+        bad_values=(math.nan, -math.inf, "1.5"),
+    ),
+    "04.1": Exercise(
+        (334, 2),
+        [
+            ((333, 1), "ceil(1000 / 3)"),
+            ((334, 1), "1002 slots"),
+            ((333, 0), "ceil(1000 / 3)"),
+            ((1002, 2), "all 3 ranks together"),
+            ((1000 / 3, 2), "whole number"),
+            ([334, 2], "a tuple"),
+        ],
+        lambda v: (v, 2),
+    ),
+    "04.2": Exercise(
+        training.allreduce_bytes,
+        [
+            (lambda s, a, g, n: s * g * a, "only the last micro-batch"),
+            (lambda s, a, g, n: s * g * (a if n else 1), "only the last micro-batch"),
+            (lambda s, a, g, n: s * g, "every micro-batch's backward syncs"),
+            (lambda s, a, g, n: g * (1 if n else a), "your function says"),
+            (lambda s, a, g, n: s * g * ((a - 1) if n else a), "your function says"),
+        ],
+        returns,
+    ),
+    "04.3": Exercise(
+        training.resume_point,
+        [
+            (lambda s, spe, a: (s // spe, s % spe), "counts micro-batches"),
+            (lambda s, spe, a: (s // spe, s * a), "not"),
+            (lambda s, spe, a: (s // spe + 1, s % spe * a), "count from 0"),
+            (lambda s, spe, a: (s * a // spe, s % spe * a), "not"),
+            (lambda s, spe, a: [s // spe, s % spe * a], "a tuple"),
+        ],
+        lambda v: returns((v, 0)),
+    ),
+    "04.4": Exercise(
+        accumulation_step,
+        [
+            (lambda net, opt, mb: accumulation_step(net, opt, mb, sync_forward=True), "inside no_sync()"),
+            (
+                lambda net, opt, mb: accumulation_step(net, opt, mb, scale=False),
+                "divide each micro-batch's loss",
+            ),
+            (lambda net, opt, mb: accumulation_step(net, opt, mb, step=False), "optimizer.step()"),
+            (lambda net, opt, mb: [accumulation_step(net, opt, [m]) for m in mb], "not 1"),
+        ],
+        step_then_fill,
+        bad_values=(math.nan, math.inf, -math.inf),  # it acts in place: what it returns is not used
+    ),
+    "04.5": Exercise(
+        epoch_orders,
+        [
+            (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, tell=False), "set_epoch(epoch) tells it"),
+            (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1), "the sampler gives"),
+            (lambda n, r, w, e, s=0: [list(range(n))[r::w] for _ in range(e)], "every epoch repeats"),
+            (lambda n, r, w, e, s=0: [sorted(o) for o in epoch_orders(n, r, w, e, s)], "the sampler gives"),
+            (
+                lambda n, r, w, e, s=0: [[str(i) for i in o] for o in epoch_orders(n, r, w, e, s)],
+                "int indices",
+            ),
+        ],
+        lambda v: returns([[v]]),
+    ),
+    "05.1": Exercise(
+        ("nccl", 4),
+        [
+            (("gloo", 4), "NCCL"),
+            (("nccl", 1), "one process per visible GPU"),
+            (("nccl", 2), "one process per visible GPU"),
+            (("mpi", 4), "NCCL"),
+            ((4, "nccl"), "a name"),
+            (["nccl", 4], "a tuple"),
+        ],
+        lambda v: ("nccl", v),
+    ),
+    "05.2": Exercise(
+        lambda n: n * (n + 1) / 2,
+        [
+            (lambda n: n * (n - 1) / 2, "each contributes rank + 1"),
+            (lambda n: n, "your function gives"),
+            (lambda n: n * (n + 1), "your function gives"),
+            (lambda n: n * n / 2, "your function gives"),
+        ],
+        returns,
+    ),
+    "06.1": Exercise(
+        lambda g, n, p: g // (n * p),
+        [
+            (lambda g, n, p: g // n, "divide by that too"),
+            (lambda g, n, p: g // p, "accumulation steps are needed"),
+            (lambda g, n, p: g * n * p, "accumulation steps are needed"),
+            (lambda g, n, p: n * p // g, "accumulation steps are needed"),
+            (lambda g, n, p: g / (n * p) + 0.5, "whole number"),
+        ],
+        returns,
+    ),
+    "06.2": Exercise(
+        fill_row,
+        [
+            (lambda row, n, a: fill_row(row, n, a, zh=lambda tag: tag != "en"), "every other tag"),
+            (lambda row, n, a: fill_row(row, n, a, count=1), "every occurrence"),
+            (lambda row, n, a: fill_row(row, n, a, keys=("response",)), "fill both query and response"),
+            (lambda row, n, a: fill_row(row, n[::-1], a[::-1]), "zh value"),
+            (lambda row, n, a: row.update(fill_row(row, n, a)) or row, "return a copy"),
+            (lambda row, n, a: {k: fill_row(row, n, a)[k] for k in ("query", "response")}, "other fields"),
+        ],
+        lambda v: lambda row, n, a: {**fill_row(row, n, a), "response": v},
+    ),
+    "06.3": Exercise(
+        last_logged,
+        [
+            (returns((3, 0.75)), "the answer is (13, 1.0)"),
+            (lambda p: last_logged(p, lambda e: int(e["global_step/max_steps"].split("/")[1])), "max_steps"),
+            (lambda p: (sum("loss" in line for line in open(p)), last_logged(p)[1]), "are not steps"),
+            (
+                lambda p: (sum('"loss"' in line for line in open(p)), last_logged(p)[1]),
+                "counts the loss lines",
+            ),
+            (
+                lambda p: (last_logged(p)[0], min(json.loads(x).get("loss", 9) for x in open(p))),
+                "the answer is",
+            ),
+            (lambda p: [*last_logged(p)], "a tuple"),
+            (lambda p: (str(last_logged(p)[0]), last_logged(p)[1]), "an int"),
+        ],
+        lambda v: lambda p: (3, v),
+    ),
+    "07.1": Exercise(
+        lambda W, A, B, alpha, r: W + (alpha / r) * B @ A,
+        [
+            (lambda W, A, B, alpha, r: W + B @ A, "scaled by alpha / r"),
+            (lambda W, A, B, alpha, r: W + (alpha // r) * B @ A, "alpha // r"),
+            (lambda W, A, B, alpha, r: W + (r / alpha) * B @ A, "upside down"),
+            (lambda W, A, B, alpha, r: (alpha / r) * B @ A, "update alone"),
+            (lambda W, A, B, alpha, r: W + (alpha / r) * A @ B, "raised RuntimeError"),
+            (lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).tolist(), "one torch tensor"),
+        ],
+        lambda v: (lambda W, A, B, alpha, r: W * v) if isinstance(v, float) else returns(v),
+    ),
+    "07.2": Exercise(
+        answers_from,
+        [
+            (lambda p: answers_from(p, pick=0), "last user message"),
+            (
+                lambda p: {
+                    json.loads(x)["messages"][0]["content"]: json.loads(x)["response"] for x in open(p)
+                },
+                "last user message",
+            ),
+            (lambda p: answers_from(p, keep_all=False), "one entry per line"),
+            (lambda p: {q: None for q in answers_from(p)}, "its answer is `response`"),
+            (lambda p: list(answers_from(p).items()), "a dict"),
+        ],
+        lambda v: returns({"Who are you?": v}),
+    ),
+    "08.1": Exercise(
+        N7B * parallelism.BF16_MIXED_ADAM.total / 8,
+        [
+            (N7B * 16, "what DDP holds"),
+            (N7B * (2 + 14 / 8), "ZeRO-2"),
+            (N7B * (2 + 2 + 12 / 8), "ZeRO-1"),
+            (N7B * 16 / 8 / 1e9, "GB or GiB"),
+            (N7B * 2 / 8 * 1.1, "use parallelism"),
+        ],
+        lambda v: v,
+    ),
+    "08.2": Exercise(
+        [[0, 2, 4, 6], [1, 3, 5, 7]],
+        [
+            ([[0, 1, 2, 3], [4, 5, 6, 7]], "contiguous blocks"),
+            ([[1, 3, 5, 7], [0, 2, 4, 6]], "rank 0 comes first"),
+            ([[0, 2, 4, 6]], "2 lists"),
+            (((0, 2, 4, 6), (1, 3, 5, 7)), "a list of 2 lists"),
+            ([[0, 2], [1, 3]], "not SWIFT's grouping"),
+            (
+                lambda rank, n_gpu, nproc: list(range(rank * n_gpu // nproc, (rank + 1) * n_gpu // nproc)),
+                "a block",
+            ),
+        ],
+        lambda v: [[v, 2, 4, 6], [1, 3, 5, 7]],
+    ),
+    "08.3": Exercise(
+        1.5,
+        [
+            (1.0, "ZeRO-2"),
+            (2 / 3, "DDP's bytes over ZeRO-3's"),
+            (2.0, "count the weight all-gathers"),
+            (3.0, "count the weight all-gathers"),
+        ],
+        lambda v: v,
+    ),
+    "09.1": Exercise(
+        {(True, True)},
+        [
+            ({(False, True)}, "which pair did section 1 launch"),
+            ({(True, True), (True, False)}, "only one pair fails"),
+            (set(), "which pair"),
+            ({(True, True), (False, True), (True, False), (False, False)}, "only one pair fails"),
+            ({(1, 1)}, "True or False"),
+            ({("True", "True")}, "True or False"),
+            ([(True, True)], "a set"),
+        ],
+        lambda v: {(v, True)},
+        bad_values=(math.nan, math.inf, -math.inf, "1.5", None, 1),  # a number where a bool is asked
+    ),
+    "09.2": Exercise(
+        ckpt,
+        [
+            (lambda n, lm, im, c: n * lm, "only each layer's input"),
+            (lambda n, lm, im, c: n * im if c else n * lm, "holds its layer_mb too"),
+            (lambda n, lm, im, c: (n - 1) * im + lm if c else n * lm, "the recomputed one's included"),
+            (lambda n, lm, im, c: n * lm if c else n * im + lm, "expected"),
+            (lambda n, lm, im, c: None if c else n * lm, "returned None"),
+        ],
+        returns,
+    ),
+    "09.3": Exercise(
+        (0, 1),
+        [
+            ((1, 0), "which rank is inside all_reduce"),
+            ((0, 0), "two different ranks"),
+            ((0.9, 1.7), "a rank is an int"),
+            (("0", "1"), "a rank is an int"),
+            ([0, 1], "a pair"),
+        ],
+        lambda v: (v, 1),
+    ),
+}
+FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
+ON_RANKS = {"03.4", "03.5", "04.4"}
+
+
+def verdict(capsys, exercise, answer):
+    ok = check(exercise, answer)
+    return bool(ok), capsys.readouterr().out
+
+
+def test_every_registered_exercise_has_tests():
+    assert sorted(EXERCISES) == exercises.registered(), "add the new exercise's solution and mistakes here"
+    for name, ex in EXERCISES.items():
+        assert len(ex.wrong) >= 4, name
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_solution_passes_and_wrong_answers_fail_saying_why(name, capsys):
+    ex = EXERCISES[name]
+    ok, out = verdict(capsys, name, ex.solution)
+    assert ok, out
+    for i, (answer, fragment) in enumerate(ex.wrong):
+        if name == "01.1" and fragment is None:
+            continue  # a float32 answer is right, see test_dtype_tolerant
+        ok, out = verdict(capsys, name, answer)
+        assert not ok and "❌ not yet" in out, (name, i, out)
+        assert "not answered yet" not in out and "could not be checked" not in out, (name, i, out)
+        if fragment:
+            assert fragment in out, (name, i, fragment, out)
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_nan_infinities_strings_none_bools_and_exceptions_never_pass(name, capsys):
+    ex = EXERCISES[name]
+    for value in ex.bad_values:
+        answer = ex.embed(value)
+        ok, out = verdict(capsys, name, answer)
+        if answer is None:  # a value exercise: None is the placeholder
+            assert (
+                out == f"Exercise {name}: not answered yet. Replace the placeholder and run the cell again.\n"
+            )
+            continue
+        assert not ok and "❌ not yet" in out, (name, value, out)
+        assert "not answered yet" not in out and "could not be checked" not in out, (name, value, out)
+    if name in FUNCTION_EXERCISES:
+        ok, out = verdict(capsys, name, _raises)
+        assert not ok and "ValueError: boom" in out, (name, out)  # "raised" here, "rank r failed" on ranks
+        assert out.count("\n") == 1, out  # one line, naming the call that raised
+
+
+def test_dtype_tolerant(capsys):
+    assert check("01.1", lambda g, s: combine(g, s).float())  # a float32 gradient of a float64 question
+    assert check("07.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).double())
+    assert check("07.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).half()) is not None  # no crash
+    assert check("08.1", str) is not None and "a number of bytes" in capsys.readouterr().out
+
+
+def test_the_placeholder_is_not_answered_but_a_none_on_some_inputs_is_wrong(capsys):
+    def placeholder(k, weight_bytes): ...
+
+    def documented(k, weight_bytes):
+        """My answer."""
+        ...
+
+    for stub in (placeholder, documented):
+        ok, out = verdict(capsys, "02.1", stub)
+        assert not ok and out.startswith("Exercise 02.1: not answered yet"), out
+    ok, out = verdict(capsys, "02.1", lambda k, w: (k - 1) * w if k > 1 else None)
+    assert not ok and "(1, 4) returned None" in out and "return" in out, out
+    ok, out = verdict(capsys, "01.2", None)
+    assert out.startswith("Exercise 01.2: not answered yet"), out
+
+
+def test_a_distributed_exercise_left_as_a_stub_is_not_answered_at_once_and_a_missing_return_is_named(capsys):
+    def stub(*args): ...
+
+    for name in ("03.4", "03.5", "04.4"):
+        assert not check(name, stub)
+    assert capsys.readouterr().out.count("not answered yet") == 3
+    assert check("04.4", lambda net, optimizer, micro: accumulation_step(net, optimizer, micro) or "done")
+
+    def forgot_return(tensor):
+        in_two(tensor)
+
+    ok, out = verdict(capsys, "03.4", forgot_return)
+    assert not ok and "returned None" in out and "not answered yet" not in out, out
+
+
+def test_the_learners_function_cannot_break_the_process(capsys, tmp_path):
+    """Streams replaced and restored, fds 0-2 and the working directory restored, whatever it does."""
+    here, stdout = os.getcwd(), sys.stdout
+
+    def closes_everything(k):
+        print("debugging output")
+        sys.stdout.close()
+        os.chdir(tmp_path)
+        with open(k, "rb") as handle:  # k = 1: opens fd 1 and closes it on the way out
+            return handle.read()
+
+    ok, out = verdict(capsys, "02.3", closes_everything)
+    assert not ok and "closes_everything(1) returned" in out and "debugging output" not in out, out
+    assert os.getcwd() == here and sys.stdout is stdout and not sys.stdout.closed
+    os.fstat(1)  # still open
+    print("still printing")
+    assert "still printing" in capsys.readouterr().out
+
+    def exits(k):
+        sys.exit(3)
+
+    ok, out = verdict(capsys, "02.3", exits)
+    assert not ok and "raised SystemExit: 3" in out, out
+
+
+def test_close_and_number_fail_closed():
+    close, Wrong = exercises.close, exercises.Wrong
+    assert close(1.0, 1.0 + 1e-12) and close([1.0, 2.0], (1.0, 2.0))
+    for bad in (math.nan, math.inf, -math.inf, "1.0", True, None, [1.0]):
+        assert not close(bad, 1.0) and not close(1.0, bad)
+    assert not close(math.inf, math.inf)
+    assert exercises.number(torch.tensor(2.5), "x is", "GB") == 2.5
+    with pytest.raises(Wrong, match=r"x is 'abc' \(text, not a number\); the answer is a number of GB"):
+        exercises.number("abc", "x is", "GB")
+    with pytest.raises(Wrong, match="not a whole number of bytes"):
+        exercises.integer(2.5, "x is", "bytes")
+    assert exercises.integer(10**30, "x is", "bytes") == 10**30
+
+
+def test_a_solution_cell_prints_only_that_it_passes(capsys):
+    assert check("03.1", ring, solution=True)
+    assert capsys.readouterr().out == "Exercise 03.1: ✅ the reference solution passes the checker.\n"
+    assert not check("03.1", lambda nbytes, n, alpha, beta: 0.0, solution=True)  # a broken one still says why
+    assert "not yet" in capsys.readouterr().out
+
+
+def test_verdicts_of_a_registered_test_checker(capsys):
+    @checker("test.1")
+    def _double(fn):
+        return fn(2) == 4, "twice two is four"
+
+    assert check("test.1", lambda x: 2 * x)
+    assert not check("test.1", lambda x: x + 1)
+    assert not check("test.1", None)
+    assert not check("test.1", "not a function")  # a wrong type is feedback, not a crash
+    out = capsys.readouterr().out
+    assert "✅ correct. twice two is four" in out and "not answered yet" in out
+    assert out.count("❌ not yet") == 2
+    del exercises._CHECKERS["test.1"]
+
+
+# --- the committed notebooks ---------------------------------------------------------------------------
+
+# Names a solution cell takes from the notebook's earlier cells, given here without running them: the
+# modules it imports, and stand-ins for two results of a run (01's parameter count, 09's section-1 table).
+NOTEBOOK_STATE = {
+    "check": check,
+    "torch": torch,
+    "dist": dist,
+    "F": F,
+    "contextlib": contextlib,
+    "json": json,
+    "DistributedSampler": DistributedSampler,
+    "par": parallelism,
+    "parallelism": parallelism,
+    "dataparallel": dataparallel,
+    "ddp": ddp,
+    "training": training,
+    "environment": environment,
+    "finetune": finetune,
+    "inference": inference,
+    "sharding": sharding,
+    "troubleshooting": troubleshooting,
+    "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
+    "ckpt_rows": [  # section 1's table, as committed
+        {
+            "use_reentrant": True,
+            "find_unused_parameters": True,
+            "result": "RuntimeError: " + troubleshooting.READY_TWICE,
+        },
+        *(
+            {"use_reentrant": r, "find_unused_parameters": f, "result": "trains"}
+            for r, f in [(False, True), (True, False), (False, False)]
+        ),
+    ],
+}
+STARTS_WRONG = {"04.5": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
+RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0"}  # results of the notebook's own run
+
+
+def exercise_cells():
+    import nbformat
+
+    for path in sorted(NOTEBOOKS.glob("0*.ipynb")):
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        for i, cell in enumerate(cells):
+            if "solution" not in cell.metadata.get("tags", []):
+                continue
+            [name] = re.findall(r'check\("(\d\d\.\d)"', cell.source)
+            learner = cells[i - 1]
+            assert f'check("{name}"' in learner.source and "solution" not in learner.metadata.get("tags", [])
+            yield pytest.param(name, learner.source, cell.source, id=f"{path.name[:2]}-{name}")
+
+
+@pytest.mark.parametrize("name, learner, solution", list(exercise_cells()))
+def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(name, learner, solution, capsys):
+    """The learner cell as committed, then the solution cell statement by statement; a statement about the
+    notebook's own run (a name in RUN_ONLY, e.g. 02.1's comparison with the traced bytes) is skipped."""
+    import ast
+
+    namespace = dict(NOTEBOOK_STATE)
+    exec(compile(learner, f"<{name} learner cell>", "exec"), namespace)
+    out = capsys.readouterr().out
+    if name in STARTS_WRONG:
+        assert "❌ not yet" in out and STARTS_WRONG[name] in out, out
+    else:
+        assert out == f"Exercise {name}: not answered yet. Replace the placeholder and run the cell again.\n"
+    checked = 0
+    for node in ast.parse(solution).body:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if names & RUN_ONLY:
+            assert "check" not in names, ast.unparse(node)  # the check itself never needs the run
+            continue
+        exec(compile(ast.Module([node], []), f"<{name} solution cell>", "exec"), namespace)
+        checked += "check" in names
+    assert checked == 1
+    assert capsys.readouterr().out == f"Exercise {name}: ✅ the reference solution passes the checker.\n"
