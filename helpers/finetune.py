@@ -940,9 +940,23 @@ def _check_grad_accum(fn):
     import random
 
     rng = random.Random(6)
-    cases = [(16, 1, 1), (16, 2, 1), (16, 4, 2), (4, 2, 2), (4, 1, 4), (32, 8, 1), (64, 4, 4), (8, 2, 4), (12, 3, 4)]
+    cases = [
+        (16, 1, 1),
+        (16, 2, 1),
+        (16, 4, 2),
+        (4, 2, 2),
+        (4, 1, 4),
+        (32, 8, 1),
+        (64, 4, 4),
+        (8, 2, 4),
+        (12, 3, 4),
+    ]
     for _ in range(20):
-        nproc, per_device, accum = rng.choice([1, 2, 3, 4, 8]), rng.choice([1, 2, 3, 4, 16]), rng.randint(1, 16)
+        nproc, per_device, accum = (
+            rng.choice([1, 2, 3, 4, 8]),
+            rng.choice([1, 2, 3, 4, 16]),
+            rng.randint(1, 16),
+        )
         cases.append((nproc * per_device * accum, nproc, per_device))
     for global_batch, nproc, per_device in cases:
         want = global_batch // (nproc * per_device)
@@ -965,14 +979,27 @@ def _fill_cases() -> list[tuple[dict, list, list]]:
 
     rng = random.Random(62)
     extra = [
-        {"query": "{{NAME}}是谁开发的？", "response": "{{NAME}}由{{AUTHOR}}开发，{{AUTHOR}}也维护它。", "tag": "zh"},
-        {"query": "Are you {{NAME}} by {{AUTHOR}}?", "response": "Yes, {{NAME}} ({{NAME}}) by {{AUTHOR}}.", "tag": "en"},
+        {
+            "query": "{{NAME}}是谁开发的？",
+            "response": "{{NAME}}由{{AUTHOR}}开发，{{AUTHOR}}也维护它。",
+            "tag": "zh",
+        },
+        {
+            "query": "Are you {{NAME}} by {{AUTHOR}}?",
+            "response": "Yes, {{NAME}} ({{NAME}}) by {{AUTHOR}}.",
+            "tag": "en",
+        },
         {"query": "Wer bist du, {{NAME}}?", "response": "Ich bin {{NAME}} von {{AUTHOR}}.", "tag": "de"},
         {"query": "ハロー", "response": "{{NAME}}です。{{AUTHOR}}が作りました。", "tag": "ja", "source": "x"},
         {"query": "Hello", "response": "Hi, no placeholder here.", "tag": "en"},
     ]
     names = [(["小课", "XiaoKe"], ["DDP课程", "the DDP Course"]), (["甲", "A"], ["乙", "B"])]
-    names += [([f"名{rng.randint(0, 99)}", f"N{rng.randint(0, 99)}"], [f"作{rng.randint(0, 99)}", f"W{rng.randint(0, 99)}"])]
+    names += [
+        (
+            [f"名{rng.randint(0, 99)}", f"N{rng.randint(0, 99)}"],
+            [f"作{rng.randint(0, 99)}", f"W{rng.randint(0, 99)}"],
+        )
+    ]
     return [(row, n, a) for n, a in names for row in self_cognition_rows() + extra]
 
 
@@ -996,7 +1023,9 @@ def _check_fill(fn):
                 hint = f"the {key} still holds its placeholders; fill both query and response"
             elif isinstance(got.get(key), str) and "{{" in got[key]:
                 hint = "every occurrence of a placeholder is replaced, not only the first"
-            raise Wrong(f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {shown(got.get(key))}; {hint}.")
+            raise Wrong(
+                f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {shown(got.get(key))}; {hint}."
+            )
         if {k: v for k, v in got.items() if k not in ("query", "response")} != {
             k: v for k, v in row.items() if k not in ("query", "response")
         }:
@@ -1017,7 +1046,10 @@ def _log_cases(rng) -> list[tuple[list[dict], tuple[int, float]]]:
     cases = [
         ([step(1, 3, 2.5), step(2, 3, 1.25), step(3, 3, 0.75), summary(3), closing], (3, 0.75)),
         ([step(5, 13, 2.0), step(10, 13, 1.5), step(13, 13, 1.0), summary(13), closing], (13, 1.0)),
-        ([step(5, 12, 2.0), step(10, 12, 1.25), summary(12), closing], (10, 1.25)),  # 12 is not a multiple of 5
+        (
+            [step(5, 12, 2.0), step(10, 12, 1.25), summary(12), closing],
+            (10, 1.25),
+        ),  # 12 is not a multiple of 5
         ([step(1, 40, 3.0), step(2, 40, 2.75), step(7, 40, 2)], (7, 2.0)),  # killed: no summary, integer loss
         (
             [step(10, 20, 1.75), {"eval_loss": 1.9, "global_step/max_steps": "10/20"}, step(20, 20, 0.5)]
@@ -1054,7 +1086,9 @@ def _check_last_logged(fn):
             if step == total != want[0]:
                 why = "that is max_steps, the planned total; the step is the number before the slash on the last loss line"
             elif step == sum("loss" in line for line in lines) != want[0]:
-                why = "that counts the loss lines; a run may log every k steps, so read the step from the line"
+                why = (
+                    "that counts the loss lines; a run may log every k steps, so read the step from the line"
+                )
             else:
                 why = "the summary line (train_runtime) and the closing line (log_history) are not steps, nor is eval_loss"
             raise Wrong(f"for the log\n{shown_lines}\nthe answer is {want!r}, not {(step, loss)!r}: {why}.")

@@ -411,7 +411,9 @@ def same_answers(a, b) -> int:
 # --- exercises ------------------------------------------------------------------------------------------
 
 
-def _lora_case(seed: int, out_features: int = 6, in_features: int = 5, r: int = 2, alpha: float = 8, dtype=None):
+def _lora_case(
+    seed: int, out_features: int = 6, in_features: int = 5, r: int = 2, alpha: float = 8, dtype=None
+):
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -429,9 +431,19 @@ def _check_merge_weight(fn):
     import torch
 
     rng = random.Random(71)
-    cases = [(0, 6, 5, 2, 8), (1, 6, 5, 4, 32), (2, 6, 5, 1, 1), (3, 7, 4, 3, 16), (4, 5, 8, 16, 8), (5, 3, 3, 2, 1)]
+    cases = [
+        (0, 6, 5, 2, 8),
+        (1, 6, 5, 4, 32),
+        (2, 6, 5, 1, 1),
+        (3, 7, 4, 3, 16),
+        (4, 5, 8, 16, 8),
+        (5, 3, 3, 2, 1),
+    ]
     cases += [(6, 4, 6, 4, 12.5)]  # alpha / r not a whole number; alpha a float
-    cases += [(10 + i, rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 8), rng.randint(1, 64)) for i in range(8)]
+    cases += [
+        (10 + i, rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 8), rng.randint(1, 64))
+        for i in range(8)
+    ]
     for seed, out_f, in_f, r, alpha in cases:
         dtype = torch.float64 if seed % 2 else torch.float32
         weight, a, b, alpha, r = _lora_case(seed, out_f, in_f, r, alpha, dtype)
@@ -441,9 +453,13 @@ def _check_merge_weight(fn):
         if tensors_close(got, want):
             continue
         if tensors_close(got, weight.double() + b.double() @ a.double()):
-            raise Wrong(f"{label}: the update B @ A is scaled by alpha / r = {alpha / r!r} before it is added.")
+            raise Wrong(
+                f"{label}: the update B @ A is scaled by alpha / r = {alpha / r!r} before it is added."
+            )
         if tensors_close(got, weight.double() + (alpha // r) * b.double() @ a.double()):
-            raise Wrong(f"{label}: alpha // r rounds the scale down to {alpha // r!r}; it is alpha / r = {alpha / r!r}.")
+            raise Wrong(
+                f"{label}: alpha // r rounds the scale down to {alpha // r!r}; it is alpha / r = {alpha / r!r}."
+            )
         if tensors_close(got, weight.double() + (r / alpha) * b.double() @ a.double()):
             raise Wrong(f"{label}: the scale is upside down; it is alpha / r = {alpha / r!r}.")
         if tensors_close(got, (alpha / r) * b.double() @ a.double()):
@@ -474,7 +490,13 @@ def _infer_cases(rng) -> list[list[dict]]:
         ],
         [
             line(("Hi", "Hello!"), ("What is 2 + 2?", "4"), response="4"),
-            line(("你好", "你好！"), ("你叫什么？", "我是小课。"), ("谁训练的你？", "DDP课程。"), response="DDP课程。", system="S"),
+            line(
+                ("你好", "你好！"),
+                ("你叫什么？", "我是小课。"),
+                ("谁训练的你？", "DDP课程。"),
+                response="DDP课程。",
+                system="S",
+            ),
         ],
         [line(("Only one line?", "Yes."), response="Yes.")],
     ]
@@ -501,7 +523,9 @@ def _check_read_answers(fn):
             got, said = call(fn, str(path), show=f"answers_from on a file of {len(rows)} line(s)")
             if not isinstance(got, dict):
                 raise Wrong(f"{said} {shown(got)}; the answer is a dict from question to answer.")
-            want = {[m["content"] for m in r["messages"] if m["role"] == "user"][-1]: r["response"] for r in rows}
+            want = {
+                [m["content"] for m in r["messages"] if m["role"] == "user"][-1]: r["response"] for r in rows
+            }
             if got == want:
                 continue
             shown_rows = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
