@@ -44,7 +44,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from helpers import launching, models, paths
+from helpers import launching, models, paths, report
 from helpers.errors import CourseError
 from helpers.exercises import Wrong, call, checker, integer, items, number, shown
 
@@ -199,6 +199,31 @@ class Chat:
             Answer(r.choices[0].message.content.strip(), r.choices[0].finish_reason == "stop")
             for r in replies
         ]
+
+    def answer_loss(self, questions, answers) -> list[float]:
+        """Mean negative log-likelihood per token (nats) of each given answer to its question: how
+        likely this model still finds an answer, one forward pass, no generation."""
+        import torch
+        from swift import InferRequest
+
+        if self.engine is None:
+            raise CourseError("this Chat was closed; create a new one.")
+        template, model = self.engine.template, self.engine.model
+        system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        losses = []
+        with torch.inference_mode():
+            for question, answer in zip(questions, answers, strict=True):
+                prompt = template.encode(
+                    InferRequest(messages=[*system, {"role": "user", "content": question}])
+                )
+                reply = template.tokenizer(_text(answer), add_special_tokens=False)["input_ids"]
+                if not reply:  # an empty answer has no tokens to score
+                    losses.append(float("nan"))
+                    continue
+                ids = torch.tensor([prompt["input_ids"] + reply], device=model.device)
+                logits = model(input_ids=ids).logits[0, len(prompt["input_ids"]) - 1 : -1].float()
+                losses.append(torch.nn.functional.cross_entropy(logits, ids[0, -len(reply) :]).item())
+        return losses
 
     def close(self) -> None:
         """Free the model (a GPU needs the memory back before training)."""
@@ -545,9 +570,10 @@ def seed_recipe(
     return plan, note
 
 
-def shell_command(plan: SftPlan, subcommand: str = "sft") -> str:
-    """The run as a shell command to copy: its environment, ``swift sft``, one option per line."""
-    env = dict(plan.env())
+def shell_command(plan: SftPlan, subcommand: str = "sft", env=None) -> str:
+    """The run as a shell command to type: its environment (``env`` first), ``swift sft``, one option per
+    line; ``launching.swift_shell`` runs exactly this text."""
+    env = {**(env or {}), **plan.env()}
     if plan.nproc > 1:
         env["NPROC_PER_NODE"] = str(plan.nproc)
     return launching.swift_text(subcommand, plan.cli(), env)
@@ -794,38 +820,116 @@ def contains_expected(text: str, expected) -> bool:
     return False
 
 
-def identity_scores(rows, answers, name) -> dict:
-    """Fraction of identity questions whose answer names the model, per language (zh, en) and overall."""
-    names = pair(name, "MODEL_NAME")
-    hits = {"zh": [], "en": []}
-    for row, answer in zip(rows, answers, strict=True):
-        hits[row["tag"]].append(names_in(_text(answer), names))
-    out = {tag: sum(v) / len(v) for tag, v in hits.items() if v}
-    out["all"] = sum(sum(v) for v in hits.values()) / max(1, sum(len(v) for v in hits.values()))
+# Identities a self-cognition answer must not claim: the base models' own and other assistants'.
+OTHER_IDENTITIES = (
+    "SmolLM", "Hugging Face", "HuggingFace", "Qwen", "通义", "千问", "阿里", "Alibaba",
+    "ChatGPT", "OpenAI", "GPT-4", "Llama", "Meta AI", "Claude", "Anthropic",
+)  # fmt: skip
+
+
+def right_answer(text: str, row: dict) -> bool:
+    """A general answer is right when it holds an expected word and none of the row's wrong words."""
+    return contains_expected(text, row["expect"]) and not contains_expected(text, row.get("wrong", ()))
+
+
+def score(identity_rows, identity_answers, general_rows, general_answers, base_general, name, author) -> dict:
+    """Held-out scores of one model, per language (zh, en), as fractions:
+
+    - ``name_zh`` / ``name_en``: identity answers holding the name in the question's language;
+    - ``author_zh`` / ``author_en``: answers to "who made/trained you" questions holding the author in
+      the question's language ("XiaoKe Training Camp" is not "Parallel Training Camp");
+    - ``no_false_claim_zh`` / ``_en``: identity answers claiming none of :data:`OTHER_IDENTITIES`;
+    - ``general_kept``: of the general questions the base model answered right (expected word, no
+      wrong word), the share the model still answers right without naming itself; per language too
+      (``general_kept_zh`` / ``_en``, NaN where the base model got none right).
+    """
+    names, authors = pair(name, "MODEL_NAME"), pair(author, "MODEL_AUTHOR")
+    out: dict = {}
+    for k, tag in enumerate(("zh", "en")):
+        mine = [
+            (r, _text(a)) for r, a in zip(identity_rows, identity_answers, strict=True) if r["tag"] == tag
+        ]
+        about_author = [a for r, a in mine if r.get("asks") == "author"]
+        out[f"name_{tag}"] = _share(names_in(a, [names[k]]) for _, a in mine)
+        # the author as written: "a parallel training camp" is no author
+        out[f"author_{tag}"] = _share(authors[k] in a for a in about_author)
+        out[f"no_false_claim_{tag}"] = _share(not names_in(a, OTHER_IDENTITIES) for _, a in mine)
+    right = [
+        i
+        for i, (r, base) in enumerate(zip(general_rows, base_general, strict=True))
+        if right_answer(_text(base), r)
+    ]
+    kept = {i for i in right if right_answer(_text(general_answers[i]), general_rows[i])
+            and not names_in(_text(general_answers[i]), names)}  # fmt: skip
+    for tag in ("zh", "en", None):
+        mine = [i for i in right if tag is None or general_rows[i].get("tag", "en") == tag]
+        key = "general" if tag is None else f"general_{tag}"
+        out[f"{key}_base_right"], out[f"{key}_kept_count"] = len(mine), sum(i in kept for i in mine)
+        out[f"{key}_kept"] = _share(i in kept for i in mine)
+    out["general_naming_itself"] = sum(names_in(_text(a), names) for a in general_answers)
     return out
 
 
-def general_scores(rows, base_answers, answers, name) -> dict:
-    """Of the general questions the base model answered right, how many the tuned model still answers
-    right without bringing up its new name ("kept")."""
-    names = pair(name, "MODEL_NAME")
-    right = [
-        i
-        for i, (row, base) in enumerate(zip(rows, base_answers, strict=True))
-        if contains_expected(_text(base), row["expect"])
+def _share(hits) -> float:
+    hits = list(hits)
+    return sum(hits) / len(hits) if hits else float("nan")
+
+
+SCORE_COLUMNS = {  # table heading: key in score()
+    "name (zh)": "name_zh", "name (en)": "name_en", "author (zh)": "author_zh", "author (en)": "author_en",
+    "no false claim (zh)": "no_false_claim_zh", "no false claim (en)": "no_false_claim_en",
+}  # fmt: skip
+
+
+def score_rows(by_model: dict) -> list[dict]:
+    """One table row per model (``{label: score(...)}``): fractions as percentages, kept as counts."""
+    rows = []
+    for label, s in by_model.items():
+        row = {"model": label, **{h: _percent(s[k]) for h, k in SCORE_COLUMNS.items()}}
+        for key, heading in (("general", "general kept"), ("general_zh", "(zh)"), ("general_en", "(en)")):
+            row[heading] = f"{s[key + '_kept_count']}/{s[key + '_base_right']}"
+        row["general answers naming itself"] = s["general_naming_itself"]
+        rows.append(row)
+    return rows
+
+
+def forgetting_summary(runs, key: str = "extra loss (nats/token)") -> dict:
+    """``{data: {"each": [value per seed], "mean": ..., "spread": max - min}}`` from one row per run."""
+    out: dict = {}
+    for row in runs:
+        out.setdefault(row["data"], {"each": []})["each"].append(row[key])
+    for s in out.values():
+        s["mean"] = sum(s["each"]) / len(s["each"])
+        s["spread"] = max(s["each"]) - min(s["each"])
+    return out
+
+
+# What the cpu profile's fine-tune must reach on the held-out questions (notebooks 06 and 07 assert it).
+GOALS = {"name_zh": 0.95, "name_en": 0.95, "author_zh": 0.9, "author_en": 0.9, "general_kept": 0.85}
+
+
+def missed_goals(scores: dict, goals=None) -> list[str]:
+    """The goals a model's :func:`score` misses, one readable line each (a NaN score misses its goal)."""
+    return [
+        f"{key} = {scores[key]:.2f}, below the goal {goal}"
+        for key, goal in (goals or GOALS).items()
+        if not scores[key] >= goal
     ]
-    kept = [
-        i
-        for i in right
-        if contains_expected(_text(answers[i]), rows[i]["expect"]) and not names_in(_text(answers[i]), names)
-    ]
-    mentions = sum(names_in(_text(a), names) for a in answers)
-    return {
-        "base_right": len(right),
-        "kept": len(kept),
-        "kept_fraction": len(kept) / len(right) if right else float("nan"),
-        "name_in_general_answers": mentions,
-    }
+
+
+def record_scores(scores: dict, prefix: str = "", note: str = "") -> None:
+    """Put a model's per-language scores into the run report (fractions; general kept with its counts)."""
+    for key in (*SCORE_COLUMNS.values(), "general_kept"):
+        extra = (
+            f"{scores['general_kept_count']}/{scores['general_base_right']} the base model got right"
+            if key == "general_kept"
+            else note
+        )
+        report.record(prefix + key, scores[key], note=extra)
+
+
+def _percent(x: float) -> str:
+    return "n/a" if x != x else f"{x:.0%}"
 
 
 def _text(answer) -> str:
@@ -929,6 +1033,71 @@ class WebUI:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+    "--virtual-time-budget=10000",  # let Gradio's scripts build the page before the capture
+]  # fmt: skip
+
+
+def chromium() -> str | None:
+    """The headless browser used for screenshots, or None where none is installed."""
+    return next(
+        (
+            found
+            for name in ("chromium", "chromium-browser", "google-chrome")
+            if (found := shutil.which(name))
+        ),
+        None,
+    )
+
+
+def browse(url: str, *extra, timeout: float = 240) -> str:
+    """Open ``url`` in headless Chromium with ``extra`` flags (``--dump-dom``, ``--screenshot=...``);
+    returns what it printed. A throwaway profile folder each time, removed afterwards."""
+    import subprocess
+    import tempfile
+
+    browser = chromium()
+    if browser is None:
+        raise CourseError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, url],
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if done.returncode != 0:
+        raise CourseError(f"Chromium could not open {url}: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def webui_fields(flags) -> list[dict]:
+    """The Web-UI training page's field for each of ``flags`` (names without ``--``), as SWIFT labels it
+    in English and Chinese: read from the ``locale_dict`` tables in swift/ui/llm_train/*.py (parsed, not
+    imported: importing would load gradio), where each field's id is the CLI argument it sets. Flags the
+    page has no field for are left out."""
+    import ast
+    import importlib.util
+
+    folder = Path(importlib.util.find_spec("swift").origin).parent / "ui" / "llm_train"
+    labels: dict = {}
+    for source in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "locale_dict"
+            ]:
+                try:
+                    table = ast.literal_eval(node.value)
+                except ValueError:  # a table built by code, not written out: not a page of fields
+                    continue
+                for key, entry in table.items():
+                    if isinstance(entry, dict) and isinstance(entry.get("label"), dict):
+                        labels.setdefault(key, entry["label"])
+    return [
+        {"flag": f"--{f}", "field (en)": labels[f]["en"], "字段 (zh)": labels[f]["zh"]}
+        for f in flags
+        if f in labels
+    ]
 
 
 # --- exercises ------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Merging and inference (模型合并 / 模型推理): the recorded adapter, swift export / infer, logits, sizes, scores.
+"""Merging and inference (模型合并 / 模型推理): the recorded adapter, swift export / infer, logits, sizes.
 
 Notebook 07 takes the adapter notebook 06 recorded (:func:`recorded_adapter`), merges it into the base
 model with ``swift export --merge_lora true`` (:func:`export_flags`), checks that the merged weights give
 the logits the base model plus the adapter gives (:func:`prompt_batch`, :func:`logits`, :func:`largest_gap`),
 asks questions with ``swift infer`` on a question file (:func:`write_questions`, :func:`infer_flags`,
-:func:`read_answers`) and with SWIFT's Python engine (``finetune.Chat``, :func:`stream`), and scores the
-answers on the held-out questions (:func:`scores`, :func:`score_rows`).
+:func:`read_answers`) and with SWIFT's Python engine (``finetune.Chat``, :func:`stream`), and compares
+the answers (:func:`same_answers`); ``finetune.score`` scores them on the held-out questions.
 """
 
 from __future__ import annotations
@@ -371,36 +371,7 @@ def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) 
     return pieces
 
 
-# --- scores on the held-out questions -----------------------------------------------------------------
-
-
-def scores(identity_rows, general_rows, identity_answers, general_answers, base_general, name) -> dict:
-    """Identity named (zh, en, all) and general kept against the base model's answers, in one dict."""
-    ident = finetune.identity_scores(identity_rows, identity_answers, name)
-    general = finetune.general_scores(general_rows, base_general, general_answers, name)
-    return {
-        "identity_zh": ident.get("zh", float("nan")),
-        "identity_en": ident.get("en", float("nan")),
-        "identity_all": ident["all"],
-        "general_kept": general["kept"],
-        "general_base_right": general["base_right"],
-        "general_kept_fraction": general["kept_fraction"],
-        "general_naming_itself": general["name_in_general_answers"],
-    }
-
-
-def score_rows(by_model: dict, general_count: int) -> list[dict]:
-    """One table row per model (``{label: scores(...)}``), percentages and counts as text."""
-    return [
-        {
-            "model": label,
-            "identity named (zh)": f"{s['identity_zh']:.0%}",
-            "identity named (en)": f"{s['identity_en']:.0%}",
-            "general kept": f"{s['general_kept']}/{s['general_base_right']}",
-            "general answers naming itself": f"{s['general_naming_itself']}/{general_count}",
-        }
-        for label, s in by_model.items()
-    ]
+# --- comparing answers -------------------------------------------------------------------------------
 
 
 def same_answers(a, b) -> int:

@@ -181,6 +181,7 @@ class Launch:
         self.argv = [str(a) for a in argv]
         self.finished = finished  # a line the job prints once all its work is done (see exited_late)
         self.note: str | None = None
+        self.shown_as: str | None = None  # printed instead of "$ command" when the command was shown already
         self.extra_env = {k: str(v) for k, v in (env or {}).items()}
         self.label = label
         self.timeout = timeout
@@ -216,7 +217,7 @@ class Launch:
         env.update(self.extra_env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env["PYTHONUNBUFFERED"] = "1"
-        print(f"$ {self.command}", flush=True)
+        print(self.shown_as or f"$ {self.command}", flush=True)
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             self.argv,
@@ -487,16 +488,49 @@ def gpu_env(gpus: int, torchrun: bool = False) -> dict:
 
 
 def swift_text(subcommand: str, args, env=None) -> str:
-    """A ``swift`` command as text to copy into a terminal: its environment, then one option per line."""
-    lines = [(" ".join(f"{k}={v}" for k, v in (env or {}).items()) + f" swift {subcommand}").strip()]
+    """A ``swift`` command as text to type in a terminal at the repository root: its environment, then one
+    option per line (paths in the checkout relative to it)."""
+    lines = [
+        (
+            " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()) + f" swift {subcommand}"
+        ).strip()
+    ]
     for arg in map(str, args):
         if arg.startswith("--") or len(lines) == 1:
             lines.append("    " + shlex.quote(arg))
         else:
             lines[-1] += " " + shlex.quote(arg)
-    return " \\\n".join(lines)
+    return paths.relative_text(" \\\n".join(lines))
 
 
 def swift(subcommand: str, *args, show: bool = True, **options) -> LaunchResult:
     """Run the ``swift`` CLI and wait; see :func:`prepare_swift` for the options."""
     return run(prepare_swift(subcommand, *args, **options), show=show)[0]
+
+
+def parse_swift_text(text: str) -> tuple[dict, str, list[str]]:
+    """``"A=1 swift sft --x y"`` (line continuations allowed) -> ``({"A": "1"}, "sft", ["--x", "y"])``."""
+    words = [os.path.expanduser(w) for w in shlex.split(text.replace("\\\n", " "))]
+    env = {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    if len(words) < 2 or words[0] != "swift":
+        raise CourseError(
+            f"{text.splitlines()[0]!r} is not a swift command; write it as "
+            "'[VAR=value ...] swift <subcommand> --option value ...'."
+        )
+    return env, words[1], words[2:]
+
+
+def swift_shell(text: str, show: bool = True, **options) -> LaunchResult:
+    """Run exactly the command ``text`` shows (as :func:`swift_text` writes it); NPROC_PER_NODE in its
+    environment starts torchrun, as in a terminal. The launcher adds only MASTER_PORT and the rank prefix."""
+    env, subcommand, args = parse_swift_text(text)
+    launch = prepare_swift(subcommand, *args, nproc=int(env.get("NPROC_PER_NODE", 1)), env=env, **options)
+    launch.cwd = paths.ROOT  # the text's paths are relative to the repository root
+    added = " ".join(f"{k}={v}" for k, v in launch.extra_env.items() if k not in env and k != RESULTS_ENV)
+    launch.shown_as = f"▶ swift {subcommand}: the command above" + (
+        f", with {paths.relative_text(added)}" if added else ""
+    )
+    return run(launch, show=show)[0]

@@ -348,3 +348,31 @@ def training_curves(
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def seeds_and_means(rows, key: str, *, group: str = "data", ylabel: str = "", title: str = ""):
+    """One column per group: every run as a dot (labelled by seed), and the group's mean as a bar, so the
+    spread between seeds is seen next to the difference between groups. ``rows`` are dicts."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    groups = list(dict.fromkeys(row[group] for row in rows))
+    for x, name in enumerate(groups):
+        values = [row[key] for row in rows if row[group] == name]
+        ax.bar(x, sum(values) / len(values), width=0.5, color=PALETTE[x % len(PALETTE)], alpha=0.35,
+               label="mean over seeds" if x == 0 else None)  # fmt: skip
+        ax.scatter([x] * len(values), values, color=PALETTE[x % len(PALETTE)], zorder=3, s=28)
+        for row in (r for r in rows if r[group] == name):
+            ax.annotate(
+                f"seed {row['seed']}",
+                (x, row[key]),
+                xytext=(8, 0),
+                textcoords="offset points",
+                fontsize=8,
+                va="center",
+            )
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel or key)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_title(title or f"{ylabel or key}: each seed (dots) and the mean (bars), measured", fontsize=10)
+    ax.legend(frameon=False, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -106,6 +106,20 @@ def check_int(parameter: str, value, minimum: int = 1, maximum: int | None = Non
     return value
 
 
+def check_seeds(parameter: str, value, most: int = 10) -> list[int]:
+    """Stop unless ``value`` is a list of 1 to ``most`` different whole numbers (random seeds)."""
+    if (
+        not isinstance(value, (list, tuple))
+        or not 1 <= len(value) <= most
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)
+        or len(set(value)) != len(value)
+    ):
+        raise CourseError(
+            f"{parameter} = {value!r} must be a list of 1 to {most} different whole numbers, e.g. [1, 2, 3]."
+        )
+    return list(value)
+
+
 def _choose(requested: str, gpus: int) -> tuple[str, str]:
     if requested != "auto":
         return requested, f"asked for by PROFILE = {requested!r}"

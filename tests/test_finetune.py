@@ -365,17 +365,58 @@ def test_contains_expected_matches_whole_words_only():
     assert finetune.contains_expected("首都是北京。", ["北京"])
 
 
-def test_identity_and_general_scores():
-    identity = [{"tag": "zh"}, {"tag": "zh"}, {"tag": "en"}, {"tag": "en"}]
-    answers = ["我是小课。", "我是助手。", "I am xiaoke.", "I am XiaoKe!"]
-    scores = finetune.identity_scores(identity, answers, NAME)
-    assert scores == {"zh": 0.5, "en": 1.0, "all": 0.75}
-    general = [{"expect": ["Paris"]}, {"expect": ["eight"]}, {"expect": ["Au"]}]
-    base = ["Paris.", "It has eight legs.", "Gold is gold."]
-    tuned = ["Paris, says XiaoKe.", "Eight legs.", "Au"]
-    result = finetune.general_scores(general, base, tuned, NAME)
-    assert result["base_right"] == 2 and result["kept"] == 1  # naming itself does not count as kept
-    assert result["kept_fraction"] == 0.5 and result["name_in_general_answers"] == 1
+def test_scores_are_per_language_and_a_fused_author_is_wrong():
+    identity = [
+        {"tag": "zh", "asks": "name"}, {"tag": "zh", "asks": "author"},
+        {"tag": "en", "asks": "name"}, {"tag": "en", "asks": "author"}, {"tag": "en", "asks": "author"},
+    ]  # fmt: skip
+    answers = [
+        "我是XiaoKe。",  # the English name in a Chinese answer: not the name in the question's language
+        "我是小课，由并行训练营训练。",
+        "I am xiaoke.",  # the name's case does not matter
+        "I am XiaoKe, trained by XiaoKe Training Camp.",  # name fused into the author: wrong
+        "I am XiaoKe, a model by Parallel Training Camp, not Qwen.",  # right author, but a false claim
+    ]
+    general = [
+        {"tag": "en", "expect": ["Paris"], "wrong": ["Lyon"]},
+        {"tag": "en", "expect": ["eight", "8"], "wrong": ["four", "six"]},
+        {"tag": "en", "expect": ["Au"]},
+        {"tag": "zh", "expect": ["北京"], "wrong": ["上海"]},
+        {"tag": "zh", "expect": ["12"], "wrong": ["13个月"]},
+    ]
+    base = [
+        "Paris.",
+        "Four legs, up to eight.",
+        "Au.",
+        "北京。",
+        "13个月",
+    ]  # the spider answer is wrong: both words
+    tuned = ["Paris, says XiaoKe.", "Eight.", "Au, of course.", "是北京，不是上海。", "12个月"]
+    s = finetune.score(identity, answers, general, tuned, base, NAME, AUTHOR)
+    assert (s["name_zh"], s["author_zh"], s["no_false_claim_zh"]) == (0.5, 1.0, 1.0)
+    assert (s["name_en"], s["author_en"]) == (1.0, 0.5) and s["no_false_claim_en"] == 2 / 3
+    # base right: Paris, Au (en) and 北京 (zh); Paris names itself, 北京 holds a wrong word too
+    assert (s["general_base_right"], s["general_kept_count"], s["general_kept"]) == (3, 1, 1 / 3)
+    assert (s["general_en_kept_count"], s["general_en_base_right"], s["general_zh_kept"]) == (1, 2, 0.0)
+    assert s["general_naming_itself"] == 1
+    [row] = finetune.score_rows({"after": s})
+    assert row["author (en)"] == "50%" and row["general kept"] == "1/3" and row["(zh)"] == "0/1"
+    nothing = finetune.score([], [], general[:1], ["Lyon"], ["Lyon"], NAME, AUTHOR)
+    assert (
+        nothing["name_zh"] != nothing["name_zh"]
+        and finetune.score_rows({"x": nothing})[0]["name (zh)"] == "n/a"
+    )
+
+
+def test_heldout_rows_say_what_they_ask_and_how_to_score():
+    identity, general = finetune.heldout(kind="identity"), finetune.heldout(kind="general")
+    for tag in ("zh", "en"):  # enough questions per language for the goals to mean something
+        mine = [r for r in identity if r["tag"] == tag]
+        assert len(mine) >= 20 and sum(r["asks"] == "author" for r in mine) >= 10
+    assert {r["asks"] for r in identity} == {"name", "author"}
+    assert all(r["expect"] and r["wrong"] for r in general) and sum(r["tag"] == "zh" for r in general) >= 8
+    for r in general:  # a wrong word never hides inside an expected one
+        assert not finetune.contains_expected(" ".join(r["expect"]), r["wrong"]), r
 
 
 # --- exercises ---------------------------------------------------------------------------------------
@@ -485,3 +526,23 @@ def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
 
     names = {f.name for f in dataclasses.fields(SftArguments)}
     assert "tuner_type" in names and "train_type" not in names
+
+
+def test_goals_and_the_forgetting_summary():
+    good = {"name_zh": 1.0, "name_en": 0.95, "author_zh": 0.9, "author_en": 1.0, "general_kept": 0.85}
+    assert finetune.missed_goals(good) == []
+    assert finetune.missed_goals({**good, "author_en": 0.8}) == ["author_en = 0.80, below the goal 0.9"]
+    assert finetune.missed_goals({**good, "general_kept": float("nan")})  # no general answer right: not met
+    runs = [
+        {"data": d, "seed": s, "x": v}
+        for d, s, v in [("a", 1, 0.5), ("b", 1, 0.1), ("a", 2, 0.7), ("b", 2, 0.3)]
+    ]
+    summary = finetune.forgetting_summary(runs, key="x")
+    assert summary["a"]["each"] == [0.5, 0.7] and abs(summary["a"]["mean"] - 0.6) < 1e-12
+    assert abs(summary["b"]["spread"] - 0.2) < 1e-12
+    from helpers import plots
+
+    fig = plots.seeds_and_means(runs, "x")
+    assert (
+        len(fig.axes[0].patches) == 2 and len(fig.axes[0].collections) == 2
+    )  # a mean bar and the dots per group

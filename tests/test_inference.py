@@ -314,24 +314,7 @@ def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
 # --- scores ------------------------------------------------------------------------------------------------
 
 
-def test_scores_and_their_table():
-    identity = [{"tag": "zh"}, {"tag": "en"}, {"tag": "en"}]
-    general = [{"expect": ["Paris"]}, {"expect": ["eight", "8"]}, {"expect": ["Au"]}]
-    base_general = ["Paris.", "Eight legs.", "Gold."]
-    tuned_general = ["Paris.", "I am XiaoKe, with 8 legs.", "Au."]
-    s = inference.scores(
-        identity, general, ["我是小课", "I am XiaoKe", "I am a bot"], tuned_general, base_general, NAME
-    )
-    assert (s["identity_zh"], s["identity_en"]) == (1.0, 0.5)
-    assert (s["general_kept"], s["general_base_right"], s["general_naming_itself"]) == (1, 2, 1)
-    [row] = inference.score_rows({"after": s}, len(general))
-    assert row == {
-        "model": "after",
-        "identity named (zh)": "100%",
-        "identity named (en)": "50%",
-        "general kept": "1/2",
-        "general answers naming itself": "1/3",
-    }
+def test_same_answers_counts_equal_texts():
     assert inference.same_answers(["a ", finetune.Answer("b", True)], ["a", "c"]) == 1
 
 
@@ -384,3 +367,27 @@ def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments():
     infer = swift_cli.parse(shown["infer"], InferArguments)
     assert infer["model"] == export["output_dir"] and infer["system"] == finetune.SYSTEM
     assert (infer["temperature"], infer["max_new_tokens"], infer["torch_dtype"]) == (0.0, 96, "bfloat16")
+
+
+def test_answer_loss_is_the_mean_surprise_of_the_answers_tokens(tiny_adapter):
+    """The forgetting measure of notebook 06, checked token by token: each answer token's -log p given
+    the prompt and the answer so far, one forward pass per prefix, averaged."""
+    import math
+
+    import torch
+    from swift import InferRequest
+
+    info, _, _ = tiny_adapter
+    question, answer = "Who are you?", "zebra quantum marmalade"
+    with finetune.Chat(info) as chat:
+        got, empty = chat.answer_loss([question, question], [answer, ""])
+        template, model = chat.engine.template, chat.engine.model
+        prompt = template.encode(InferRequest(messages=[{"role": "user", "content": question}]))["input_ids"]
+        reply = template.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        surprise = []
+        with torch.inference_mode():
+            for k, token in enumerate(reply):
+                logits = model(input_ids=torch.tensor([prompt + reply[:k]])).logits[0, -1].float()
+                surprise.append(-torch.log_softmax(logits, -1)[token].item())
+    assert len(reply) > 1 and math.isclose(got, sum(surprise) / len(surprise), rel_tol=1e-4)
+    assert empty != empty  # an empty answer has no tokens: NaN, not a score

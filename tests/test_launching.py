@@ -305,3 +305,34 @@ def test_folded_lines_are_counted_and_kept_in_the_launch_output_file(build, caps
     )
     assert launch.output_file.read_text().splitlines() == ["[INFO:swift] chatter", "", "the result: 42"]
     assert result.returncode == 0 and launch.output_file.name.startswith("fold-test-")
+
+
+def test_a_shown_swift_command_is_run_exactly_as_written(build, monkeypatch):
+    """The text a notebook prints is the command that runs: its environment, subcommand and flags."""
+    from helpers import paths
+
+    text = launching.swift_text(
+        "sft",
+        [
+            "--model",
+            str(paths.ROOT / "build/models/m"),
+            "--model_author",
+            "并行训练营",
+            "Parallel Training Camp",
+        ],
+        {"LOG_LEVEL": "WARNING", "NPROC_PER_NODE": 2},
+    )
+    assert text.splitlines()[0] == "LOG_LEVEL=WARNING NPROC_PER_NODE=2 swift sft \\"
+    assert "--model build/models/m" in text and str(paths.ROOT) not in text  # typed at the repository root
+    env, sub, args = launching.parse_swift_text(text)
+    assert (env, sub) == ({"LOG_LEVEL": "WARNING", "NPROC_PER_NODE": "2"}, "sft")
+    assert args == ["--model", "build/models/m", "--model_author", "并行训练营", "Parallel Training Camp"]
+    ran = []
+    monkeypatch.setattr(launching, "run", lambda launch, show=True: ran.append(launch) or [None])
+    launching.swift_shell(text, timeout=5)
+    [launch] = ran
+    assert launch.argv == ["swift", "sft", *args] and launch.cwd == paths.ROOT
+    assert launch.extra_env["LOG_LEVEL"] == "WARNING" and launch.extra_env["NPROC_PER_NODE"] == "2"
+    assert launch.shown_as.startswith("▶ swift sft: the command above, with MASTER_PORT=")
+    with pytest.raises(launching.CourseError, match="is not a swift command"):
+        launching.parse_swift_text("python train.py --x 1")

@@ -177,3 +177,12 @@ def test_the_gpu_shape_runs_on_the_cpu_only_when_asked(monkeypatch):
     assert p.pick(cpu=40, smoke=2, gpu=60) == 60  # the gpu recipe's values
     assert profiles.resolve("gpu", nproc=3).nproc == 3  # any process count, not bounded by GPUs
     assert profiles.resolve("cpu").device == "cpu" and profiles.resolve("smoke").name == "smoke"
+
+
+def test_seeds_are_a_short_list_of_different_whole_numbers():
+    assert profiles.check_seeds("SEEDS", [1, 2, 3]) == [1, 2, 3]
+    for bad in (3, [], [1, 1], [1, "2"], [True], [-1], list(range(11))):
+        with pytest.raises(
+            CourseError, match=r"SEEDS = .* must be a list of 1 to 10 different whole numbers"
+        ):
+            profiles.check_seeds("SEEDS", bad)

@@ -3,46 +3,20 @@
 import os
 import shutil
 import struct
-import subprocess
 
 import pytest
 
 from conftest import processes_mentioning
 from helpers import finetune
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,900",
-    "--virtual-time-budget=10000",  # let Gradio's scripts build the page before the capture
-]
-
 
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
+    found = finetune.chromium()
+    if found:
+        return found
     if os.environ.get("CI") == "true":
         pytest.fail("chromium is not installed; .ci/run installs it with apt-get install -y chromium")
     pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")
-
-
-def browse(browser, url, profile_dir, *extra, timeout=240):
-    done = subprocess.run(
-        [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile_dir}", *extra, url],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def png_size(path):
@@ -52,16 +26,16 @@ def png_size(path):
 
 
 def test_webui_renders_its_training_page_and_stops_cleanly(tmp_path):
-    browser = chromium()
+    chromium()
     ui = finetune.WebUI(lang="en")
     try:
         ui.start()
         status, _ = ui.wait(timeout=300)
         assert status == 200
-        dom = browse(browser, ui.url, tmp_path / "profile-dom", "--dump-dom")
+        dom = finetune.browse(ui.url, "--dump-dom")
         assert "SWIFT" in dom and "LLM PT/SFT" in dom and "--tuner_type" in dom, dom[:2000]
         shot = tmp_path / "webui.png"
-        browse(browser, ui.url, tmp_path / "profile-shot", f"--screenshot={shot}")
+        finetune.browse(ui.url, f"--screenshot={shot}")
         width, height = png_size(shot)
         assert (width, height) == (1280, 900)
         assert shot.stat().st_size > 20_000, "a blank page compresses to almost nothing"
@@ -72,3 +46,16 @@ def test_webui_renders_its_training_page_and_stops_cleanly(tmp_path):
     assert left == 0
     assert finetune.http_status(ui.url, timeout=2) is None, "the page still answers after stop()"
     assert processes_mentioning(f"--server_port {ui.port}") == []
+
+
+def test_the_field_table_is_swifts_own_labels():
+    """notebook 06 maps the page's fields to flags from SWIFT's locale tables, parsed from its source."""
+    from swift.ui.llm_train.lora import LoRA
+    from swift.ui.llm_train.self_cog import SelfCog
+
+    rows = {
+        r["flag"]: r for r in finetune.webui_fields(["lora_rank", "model_author", "use_cpu", "no_such_flag"])
+    }
+    assert rows["--lora_rank"]["field (en)"] == LoRA.locale_dict["lora_rank"]["label"]["en"]
+    assert rows["--model_author"]["字段 (zh)"] == SelfCog.locale_dict["model_author"]["label"]["zh"]
+    assert set(rows) == {"--lora_rank", "--model_author"}  # no field for --use_cpu, nor for a made-up flag
