@@ -739,40 +739,24 @@ def _gpu_lists(answer, said: str, ranks: int) -> list[list[int]]:
 
 
 @checker("08.2")
-def _check_grouping(answer):
-    """GPUs of every rank under SWIFT's DDP + device_map: for 8 GPUs and NPROC_PER_NODE=2 (a list of lists),
-    or as a function (local_rank, n_gpu, nproc) -> that rank's GPU ids, tried on many layouts."""
-    rule = "SWIFT strides: rank r takes GPUs r, r + NPROC, r + 2·NPROC, ..."
-    if callable(answer):
-        layouts = [(2, 2), (4, 2), (8, 2), (8, 4), (6, 3), (12, 3), (16, 4), (4, 1), (6, 2), (12, 4)]
-        for n_gpu, nproc in layouts:
-            for rank in range(nproc):
-                got, said = call(answer, rank, n_gpu, nproc)
-                got = _gpu_lists([got], said, 1)[0]
-                want = swift_devices(rank, n_gpu, nproc)
-                if got == want:
-                    continue
-                block = n_gpu // nproc
-                if got == list(range(rank * block, (rank + 1) * block)):
-                    raise Wrong(
-                        f"{said} {got}, a block; SWIFT gives {want}: range(local_rank, n_gpu, nproc)."
-                    )
-                raise Wrong(
-                    f"{said} {got}; with {n_gpu} GPUs and NPROC_PER_NODE={nproc} SWIFT gives rank {rank} {want}."
-                )
-        return True, rule
-    got = _gpu_lists(answer, "your answer is", 2)
-    expected = [swift_devices(r, 8, 2) for r in range(2)]
-    if got == expected:
-        return True, rule
-    if got == [[0, 1, 2, 3], [4, 5, 6, 7]]:
-        return False, "contiguous blocks would be natural, but SWIFT uses range(local_rank, n_gpu, nproc)."
-    if got == expected[::-1]:
-        return False, "rank 0 comes first: it starts at GPU 0."
-    return (
-        False,
-        f"{got} is not SWIFT's grouping: two lists (rank 0, rank 1) of GPU ids; see swift_devices().",
-    )
+def _check_grouping(fn):
+    """A function (local_rank, n_gpu, nproc) -> the GPU ids SWIFT gives that rank under DDP + device_map,
+    tried on layouts the notebook's table does not show."""
+    layouts = [(2, 2), (4, 2), (8, 2), (8, 4), (6, 3), (12, 3), (16, 4), (4, 1), (6, 2), (12, 4)]
+    for n_gpu, nproc in layouts:
+        for rank in range(nproc):
+            got, said = call(fn, rank, n_gpu, nproc)
+            got = _gpu_lists([got], said, 1)[0]
+            want = swift_devices(rank, n_gpu, nproc)
+            if got == want:
+                continue
+            block = n_gpu // nproc
+            if got == list(range(rank * block, (rank + 1) * block)):
+                raise Wrong(f"{said} {got}, a block; SWIFT gives {want}: range(local_rank, n_gpu, nproc).")
+            raise Wrong(
+                f"{said} {got}; with {n_gpu} GPUs and NPROC_PER_NODE={nproc} SWIFT gives rank {rank} {want}."
+            )
+    return True, "SWIFT strides: rank r takes GPUs r, r + NPROC, r + 2·NPROC, ..."
 
 
 @checker("08.3")

@@ -152,6 +152,31 @@ def answers_from(path, pick=-1, keep_all=True):
     return out
 
 
+def gpus_of_rank(local_rank, n_gpu, nproc):
+    return list(range(local_rank, n_gpu, nproc))
+
+
+def reentrant(kwargs, nproc_per_node, deepspeed, fsdp):
+    if kwargs and kwargs.get("use_reentrant") is not None:
+        return kwargs["use_reentrant"]
+    return not (nproc_per_node is not None and not deepspeed and not fsdp)
+
+
+def in_collective(frames):
+    return any("distributed_c10d.py" in frame for frame in frames)
+
+
+def stuck(stacks, first_only=False, only=None, ranks=None):
+    keys = list(range(len(stacks))) if ranks == "positions" else list(stacks)
+    frames = list(stacks.values())
+    waiting = set()
+    for key, rank_frames in zip(keys, frames, strict=True):
+        looked = rank_frames[:1] if first_only else rank_frames
+        if any(f.startswith(only) for f in looked) if only else in_collective(looked):
+            waiting.add(key)
+    return waiting, set(keys) - waiting
+
+
 def ckpt(layers, layer_mb, input_mb, checkpointed):
     return layers * input_mb + layer_mb if checkpointed else layers * layer_mb
 
@@ -457,19 +482,16 @@ EXERCISES = {
         lambda v: v,
     ),
     "08.2": Exercise(
-        [[0, 2, 4, 6], [1, 3, 5, 7]],
+        gpus_of_rank,
         [
-            ([[0, 1, 2, 3], [4, 5, 6, 7]], "contiguous blocks"),
-            ([[1, 3, 5, 7], [0, 2, 4, 6]], "rank 0 comes first"),
-            ([[0, 2, 4, 6]], "2 lists"),
-            (((0, 2, 4, 6), (1, 3, 5, 7)), "a list of 2 lists"),
-            ([[0, 2], [1, 3]], "not SWIFT's grouping"),
-            (
-                lambda rank, n_gpu, nproc: list(range(rank * n_gpu // nproc, (rank + 1) * n_gpu // nproc)),
-                "a block",
-            ),
+            (lambda r, n, p: list(range(r * n // p, (r + 1) * n // p)), "a block"),
+            (lambda r, n, p: list(range(r, n, n // p)), "SWIFT gives rank"),
+            (lambda r, n, p: list(range(r + 1, n + 1, p)), "SWIFT gives rank"),
+            (lambda r, n, p: list(range(p - 1 - r, n, p)), "SWIFT gives rank"),
+            (lambda r, n, p: tuple(range(r, n, p)), "a list of GPU ids"),
+            (lambda r, n, p: [list(range(q, n, p)) for q in range(p)], "GPU ids are ints"),
         ],
-        lambda v: [[v, 2, 4, 6], [1, 3, 5, 7]],
+        lambda v: returns([v]),
     ),
     "08.3": Exercise(
         1.5,
@@ -482,18 +504,23 @@ EXERCISES = {
         lambda v: v,
     ),
     "09.1": Exercise(
-        {(True, True)},
+        reentrant,
         [
-            ({(False, True)}, "which pair did section 1 launch"),
-            ({(True, True), (True, False)}, "only one pair fails"),
-            (set(), "which pair"),
-            ({(True, True), (False, True), (True, False), (False, False)}, "only one pair fails"),
-            ({(1, 1)}, "True or False"),
-            ({("True", "True")}, "True or False"),
-            ([(True, True)], "a set"),
+            (lambda kw, n, ds, fs: not (n is not None and not ds and not fs), "passes that value on"),
+            (
+                lambda kw, n, ds, fs: (kw or {}).get(
+                    "use_reentrant", not (n and n > 1 and not ds and not fs)
+                ),
+                "NPROC_PER_NODE=1 still starts torchrun",
+            ),
+            (lambda kw, n, ds, fs: (kw or {}).get("use_reentrant", n is None), "with DeepSpeed or FSDP"),
+            (lambda kw, n, ds, fs: False, "passes that value on"),
+            (lambda kw, n, ds, fs: not reentrant(kw, n, ds, fs), "under plain DDP"),
+            (lambda kw, n, ds, fs: kw.get("use_reentrant", n is None), "raised AttributeError"),
+            (lambda kw, n, ds, fs: str(reentrant(kw, n, ds, fs)), "True or False"),
+            (lambda kw, n, ds, fs: int(reentrant(kw, n, ds, fs)), "True or False"),
         ],
-        lambda v: {(v, True)},
-        bad_values=(math.nan, math.inf, -math.inf, "1.5", None, 1),  # a number where a bool is asked
+        returns,
     ),
     "09.2": Exercise(
         ckpt,
@@ -507,15 +534,17 @@ EXERCISES = {
         returns,
     ),
     "09.3": Exercise(
-        (0, 1),
+        stuck,
         [
-            ((1, 0), "which rank is inside all_reduce"),
-            ((0, 0), "two different ranks"),
-            ((0.9, 1.7), "a rank is an int"),
-            (("0", "1"), "a rank is an int"),
-            ([0, 1], "a pair"),
+            (lambda st: stuck(st, first_only=True), "not only the first"),
+            (lambda st: stuck(st, only="all_reduce "), "barrier, broadcast"),
+            (lambda st: stuck(st)[::-1], "swapped"),
+            (lambda st: stuck(st, ranks="positions"), "keys are the ranks"),
+            (lambda st: tuple(sorted(ranks) for ranks in stuck(st)), "a set of ranks"),
+            (lambda st: stuck(st)[1], "a pair"),
+            (returns(({0}, {1})), "expected"),
         ],
-        lambda v: (v, 1),
+        lambda v: returns(({v}, {1})),
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
@@ -669,7 +698,7 @@ def test_verdicts_of_a_registered_test_checker(capsys):
 # --- the committed notebooks ---------------------------------------------------------------------------
 
 # Names a solution cell takes from the notebook's earlier cells, given here without running them: the
-# modules it imports, and stand-ins for two results of a run (01's parameter count, 09's section-1 table).
+# modules it imports, and a stand-in for one result of a run (01's parameter count).
 NOTEBOOK_STATE = {
     "check": check,
     "torch": torch,
@@ -689,17 +718,6 @@ NOTEBOOK_STATE = {
     "sharding": sharding,
     "troubleshooting": troubleshooting,
     "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
-    "ckpt_rows": [  # section 1's table, as committed
-        {
-            "use_reentrant": True,
-            "find_unused_parameters": True,
-            "result": "RuntimeError: " + troubleshooting.READY_TWICE,
-        },
-        *(
-            {"use_reentrant": r, "find_unused_parameters": f, "result": "trains"}
-            for r, f in [(False, True), (True, False), (False, False)]
-        ),
-    ],
 }
 STARTS_WRONG = {"04.5": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
 RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0"}  # results of the notebook's own run

@@ -171,3 +171,70 @@ def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
     assert found["processor class from"].startswith(str(tmp_path / "DeepSeek-VL"))
     assert found["config read"] == "LlamaConfig"
     assert sys.path == before and "deepseek_vl" not in sys.modules
+
+
+def test_hang_stacks_have_2_to_8_ranks_some_waiting_some_missing():
+    for seed in range(40):
+        stacks = troubleshooting.hang_stacks(seed)
+        assert 2 <= len(stacks) <= 8 and sorted(stacks) == list(range(len(stacks)))
+        waiting, missing = troubleshooting.stuck_and_missing(stacks)
+        assert waiting and missing and waiting | missing == set(stacks) and not waiting & missing
+    assert troubleshooting.hang_stacks(3) == troubleshooting.hang_stacks(3)  # seeded
+
+
+def test_swift_use_reentrant_follows_swifts_source():
+    reentrant = troubleshooting.swift_use_reentrant
+    assert reentrant(None, 2, False, False) is False  # plain DDP: non-reentrant
+    assert reentrant(None, 1, False, False) is False  # NPROC_PER_NODE=1 starts torchrun too
+    assert reentrant(None, None, False, False) is True  # one process, no torchrun
+    assert (
+        reentrant({}, 4, True, False) is True and reentrant(None, 2, False, True) is True
+    )  # DeepSpeed, FSDP
+    assert reentrant({"use_reentrant": True}, 2, False, False) is True  # the kwargs win
+    assert reentrant({"preserve_rng_state": False}, 2, False, False) is False
+    source = troubleshooting.swift_source("trainers/mixin.py").read_text()
+    assert "if is_dist() and not self.is_deepspeed_enabled and not self.is_fsdp_enabled:" in source
+
+
+def test_with_template_replaces_or_adds_the_flag():
+    args = ["--model", "m", "--template", "chatml", "--model_type", "llama"]
+    assert troubleshooting.with_template(args, "default") == [
+        "--model",
+        "m",
+        "--model_type",
+        "llama",
+        "--template",
+        "default",
+    ]
+    assert troubleshooting.with_template(["--model", "Qwen/Qwen2.5-7B"], "default")[-2:] == [
+        "--template",
+        "default",
+    ]
+
+
+def test_base_model_is_the_parameter_or_the_local_model_standing_in(tmp_path):
+    from types import SimpleNamespace
+
+    from helpers import models
+    from helpers.errors import CourseError
+
+    tiny = models.tiny_qwen2()
+    gpu_with_folder = SimpleNamespace(name="gpu", model=tiny.path)
+    info, note = troubleshooting.base_model(None, tiny, gpu_with_folder)
+    assert info is tiny and "stands in for the base model" in note and "Qwen/Qwen2.5-7B" in note
+    info, note = troubleshooting.base_model(tiny.path, tiny, SimpleNamespace(name="gpu", model=None))
+    assert info.path == tiny.path and info.model_type == "qwen2" and note is None
+    (tmp_path / "empty").mkdir()
+    for bad, profile in ((str(tmp_path / "empty"), "gpu"), ("Qwen/Qwen2.5-7B", "cpu"), (3, "gpu")):
+        with pytest.raises(CourseError, match="BASE_MODEL"):
+            troubleshooting.base_model(bad, tiny, SimpleNamespace(name=profile, model=None))
+
+
+def test_prompt_ids_end_where_the_answer_starts():
+    from helpers import models
+
+    tok = troubleshooting.swift_tokenizer(models.tiny_qwen2())
+    assert tok.decode(troubleshooting.prompt_ids(tok, "default", "Hi?")).endswith(
+        "### Human:\nHi?\n\n### Assistant:\n"
+    )
+    assert tok.decode(troubleshooting.prompt_ids(tok, "chatml", "Hi?")).endswith("<|im_start|>assistant\n")
