@@ -24,6 +24,18 @@ def gpu_shape(tmp_path, monkeypatch):
     return tmp_path / "build"
 
 
+def swift_commands(text: str) -> list[str]:
+    """Every ``swift`` command a cell printed as text to type (its lines joined by trailing backslashes)."""
+    found, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if " swift " in f" {line}" and line.rstrip().endswith("\\") and not line.startswith(("$", "▶")):
+            block = [line]
+            while block[-1].rstrip().endswith("\\"):
+                block.append(lines[i + len(block)])
+            found.append("\n".join(block))
+    return found
+
+
 def outputs(executed) -> dict[str, str]:
     """Each cell's printed text, by cell id."""
     nb = nbformat.read(executed, as_version=4)
@@ -64,20 +76,39 @@ def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
     if nproc == 1:  # one GPU: no DDP comparison, said in a sentence, never a failure
         assert "one process cannot run DDP" in out["06"]["c16"]
         assert "2 runs, 2 new numbered folders: True" in out["06"]["c34"]
+        assert "every run of this execution in its own new numbered folder: True" in out["06"]["c34"]
         assert "section 3 runs 2 ranks on the CPU over gloo" in out["08"]["c03"]
         assert "fsdp only works in distributed training" in out["08"]["c39"]
         assert "SWIFT trains in one process, without DDP" in out["09"]["c15"]
         assert "CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft" in out["08"]["c33b"]  # DeepSpeed: torchrun
         assert "CUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the 1-GPU command, shown
+        assert "# this machine's run\nCUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the text run
+        assert "▶ swift sft: the command above" in out["09"]["c14"]
         from swift import SftArguments
 
-        for shown in (out["08"]["c33b"], out["09"]["c14"]):  # every printed gpu command is SWIFT's own
+        for shown in (out["08"]["c33b"], out["09"]["c14"], out["09"]["c25b"]):  # gpu commands are SWIFT's own
             for command in shown.split("\n\n"):
                 if command.lstrip().startswith("# ") and " swift sft " in command:  # the commands shown
                     got = swift_cli.parse(command[command.index("CUDA_VISIBLE_DEVICES") :], SftArguments)
                     assert got["torch_dtype"] == "bfloat16" and got["model"].endswith(
                         "tiny-qwen2-bf16"
                     )  # the model run
+        ran = swift_commands(out["08"]["c37"])  # 08's DeepSpeed runs: the text shown is the text run
+        assert len(ran) == 2 and all(
+            c.startswith("CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft") for c in ran
+        )
+        assert [swift_cli.parse(c, SftArguments)["torch_dtype"] for c in ran] == ["bfloat16"] * 2
+        assert out["08"]["c37"].count("▶ swift sft: the command above") == 2
+        # 09, section 2: the base model (here make gpu-check's tiny Qwen2 stands in) with --template default
+        assert "stands in for the base model" in out["09"]["c20"]
+        [base] = swift_commands(out["09"]["c25b"])
+        got = swift_cli.parse(base, SftArguments)
+        assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16"), got
+        assert (
+            f"with --template default: {runner.GPU_CHECK['09']['SWIFT_STEPS']} steps logged"
+            in out["09"]["c25b"]
+        )
+        assert "base model tiny-qwen2" in out["09"]["c23"] + out["09"]["c20"]
         assert "--dtype bfloat16" in out["09"]["c34"]  # 09's checkpointing measurement: bf16, not float32
     if nproc == 3:  # 16 does not divide over 3: the nearest global batch, said in a sentence
         assert "a global batch of 15, the nearest possible" in out["06"]["c14"]
