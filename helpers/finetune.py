@@ -200,9 +200,10 @@ class Chat:
             for r in replies
         ]
 
-    def answer_loss(self, questions, answers) -> list[float]:
+    def answer_loss(self, questions, answers, batch: int = 16) -> list[float]:
         """Mean negative log-likelihood per token (nats) of each given answer to its question: how
-        likely this model still finds an answer, one forward pass, no generation."""
+        likely this model still finds an answer. Forward passes only, ``batch`` answers at a time (padded
+        on the right, so each answer's positions are the same as alone); an empty answer gives NaN."""
         import torch
         from swift import InferRequest
 
@@ -210,20 +211,44 @@ class Chat:
             raise CourseError("this Chat was closed; create a new one.")
         template, model = self.engine.template, self.engine.model
         system = [{"role": "system", "content": self.system}] if self.system is not None else []
+        pairs = []  # (prompt ids, answer ids)
+        for question, answer in zip(questions, answers, strict=True):
+            messages = [*system, {"role": "user", "content": question}]
+            prompt = template.encode(InferRequest(messages=messages))["input_ids"]
+            pairs.append((prompt, template.tokenizer(_text(answer), add_special_tokens=False)["input_ids"]))
         losses = []
         with torch.inference_mode():
-            for question, answer in zip(questions, answers, strict=True):
-                prompt = template.encode(
-                    InferRequest(messages=[*system, {"role": "user", "content": question}])
-                )
-                reply = template.tokenizer(_text(answer), add_special_tokens=False)["input_ids"]
-                if not reply:  # an empty answer has no tokens to score
-                    losses.append(float("nan"))
-                    continue
-                ids = torch.tensor([prompt["input_ids"] + reply], device=model.device)
-                logits = model(input_ids=ids).logits[0, len(prompt["input_ids"]) - 1 : -1].float()
-                losses.append(torch.nn.functional.cross_entropy(logits, ids[0, -len(reply) :]).item())
+            for first in range(0, len(pairs), batch):
+                chunk = pairs[first : first + batch]
+                width = max(len(p) + len(r) for p, r in chunk)
+                ids = torch.zeros(len(chunk), width, dtype=torch.long)
+                mask = torch.zeros(len(chunk), width, dtype=torch.long)
+                for row, (prompt, reply) in enumerate(chunk):
+                    ids[row, : len(prompt) + len(reply)] = torch.tensor(prompt + reply)
+                    mask[row, : len(prompt) + len(reply)] = 1
+                logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits.float()
+                for row, (prompt, reply) in enumerate(chunk):
+                    if not reply:  # an empty answer has no tokens to score
+                        losses.append(float("nan"))
+                        continue
+                    predicted = logits[row, len(prompt) - 1 : len(prompt) + len(reply) - 1]
+                    target = torch.tensor(reply, device=predicted.device)
+                    losses.append(torch.nn.functional.cross_entropy(predicted, target).item())
         return losses
+
+    @contextlib.contextmanager
+    def adapter_on(self, adapter):
+        """Within the block, the engine's model carries the LoRA ``adapter`` (loaded with peft, removed
+        again after): one base model serves many adapters, without loading it again for each."""
+        from peft import PeftModel
+
+        check_adapter(adapter)
+        base = self.engine.model
+        self.engine.model = PeftModel.from_pretrained(base, str(adapter))
+        try:
+            yield self
+        finally:
+            self.engine.model = self.engine.model.unload()
 
     def close(self) -> None:
         """Free the model (a GPU needs the memory back before training)."""
@@ -235,6 +260,31 @@ class Chat:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def quiet_repeats(expected=("dataset_sample:",)):
+    """For in-process runs repeated many times: within the block, datasets' and transformers' progress
+    bars are hidden, and SWIFT's log records that start with one of ``expected`` are dropped (warnings
+    the lesson has explained, e.g. ``path#N`` repeating a file); every other warning still shows."""
+    import logging
+
+    import datasets
+    import transformers
+
+    def keep(record) -> bool:
+        return not str(record.getMessage()).startswith(tuple(expected))
+
+    swift = logging.getLogger("swift")
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    swift.addFilter(keep)
+    try:
+        yield
+    finally:
+        swift.removeFilter(keep)
+        datasets.enable_progress_bars()
+        transformers.utils.logging.enable_progress_bar()
 
 
 # --- general data: the base model's own answers, made once and cached -------------------------------

@@ -546,3 +546,21 @@ def test_goals_and_the_forgetting_summary():
     assert (
         len(fig.axes[0].patches) == 2 and len(fig.axes[0].collections) == 2
     )  # a mean bar and the dots per group
+
+
+def test_quiet_repeats_drops_only_the_explained_warning():
+    import logging
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    swift = logging.getLogger("swift")
+    swift.addHandler(handler)
+    try:
+        with finetune.quiet_repeats():
+            swift.warning("dataset_sample:96 is greater than len(dataset):63, repeated sampling will be performed.")
+            swift.warning("something else")
+        swift.warning("dataset_sample: after the block")
+    finally:
+        swift.removeHandler(handler)
+    assert seen == ["something else", "dataset_sample: after the block"]

@@ -391,3 +391,16 @@ def test_answer_loss_is_the_mean_surprise_of_the_answers_tokens(tiny_adapter):
                 surprise.append(-torch.log_softmax(logits, -1)[token].item())
     assert len(reply) > 1 and math.isclose(got, sum(surprise) / len(surprise), rel_tol=1e-4)
     assert empty != empty  # an empty answer has no tokens: NaN, not a score
+
+
+def test_an_adapter_put_on_and_taken_off_scores_as_the_adapter_loaded_by_swift(tiny_adapter):
+    info, adapter, _ = tiny_adapter
+    question, answer = ["Who are you?"], ["zebra quantum marmalade"]
+    with finetune.Chat(info, adapter=adapter) as tuned:
+        expected = tuned.answer_loss(question, answer)
+    with finetune.Chat(info) as judge:
+        before = judge.answer_loss(question, answer)
+        with judge.adapter_on(adapter):
+            during = judge.answer_loss(question, answer)
+        after = judge.answer_loss(question, answer)
+    assert abs(during[0] - expected[0]) < 1e-4 and during != before and after == before
