@@ -524,8 +524,9 @@ def parse_swift_text(text: str) -> tuple[dict, str, list[str]]:
 
 
 def swift_shell(text: str, show: bool = True, **options) -> LaunchResult:
-    """Run exactly the command ``text`` shows (as :func:`swift_text` writes it); NPROC_PER_NODE in its
-    environment starts torchrun, as in a terminal. The launcher adds only MASTER_PORT and the rank prefix."""
+    """Run exactly the command ``text`` shows (as :func:`swift_text` writes it), from the repository root;
+    NPROC_PER_NODE in its environment starts torchrun, as in a terminal. Where it does, the launcher adds
+    MASTER_PORT (a free port) and torchrun's output options (PET_*, the rank prefix), and says so."""
     env, subcommand, args = parse_swift_text(text)
     launch = prepare_swift(subcommand, *args, nproc=int(env.get("NPROC_PER_NODE", 1)), env=env, **options)
     launch.cwd = paths.ROOT  # the text's paths are relative to the repository root
