@@ -149,6 +149,28 @@ def trim_to_sentence(text: str) -> str | None:
     return text[: ends[-1]].strip() if ends else None
 
 
+def messages(question: str, system=None) -> list[dict]:
+    """One question as chat messages, after the system prompt when there is one."""
+    return [
+        *([{"role": "system", "content": system}] if system is not None else []),
+        {"role": "user", "content": question},
+    ]
+
+
+def pad_right(sequences) -> dict:
+    """Token id lists as one batch, padded on the right with an attention mask: each sequence keeps the
+    positions it has alone."""
+    import torch
+
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
 @dataclass
 class Answer:
     text: str
@@ -189,9 +211,8 @@ class Chat:
 
         if self.engine is None:
             raise CourseError("this Chat was closed; create a new one.")
-        system = [{"role": "system", "content": self.system}] if self.system is not None else []
         replies = self.engine.infer(
-            [InferRequest(messages=[*system, {"role": "user", "content": q}]) for q in questions],
+            [InferRequest(messages=messages(q, self.system)) for q in questions],
             RequestConfig(max_tokens=max_tokens, temperature=0),
             use_tqdm=False,
         )
@@ -210,23 +231,16 @@ class Chat:
         if self.engine is None:
             raise CourseError("this Chat was closed; create a new one.")
         template, model = self.engine.template, self.engine.model
-        system = [{"role": "system", "content": self.system}] if self.system is not None else []
         pairs = []  # (prompt ids, answer ids)
         for question, answer in zip(questions, answers, strict=True):
-            messages = [*system, {"role": "user", "content": question}]
-            prompt = template.encode(InferRequest(messages=messages))["input_ids"]
+            prompt = template.encode(InferRequest(messages=messages(question, self.system)))["input_ids"]
             pairs.append((prompt, template.tokenizer(_text(answer), add_special_tokens=False)["input_ids"]))
         losses = []
         with torch.inference_mode():
             for first in range(0, len(pairs), batch):
                 chunk = pairs[first : first + batch]
-                width = max(len(p) + len(r) for p, r in chunk)
-                ids = torch.zeros(len(chunk), width, dtype=torch.long)
-                mask = torch.zeros(len(chunk), width, dtype=torch.long)
-                for row, (prompt, reply) in enumerate(chunk):
-                    ids[row, : len(prompt) + len(reply)] = torch.tensor(prompt + reply)
-                    mask[row, : len(prompt) + len(reply)] = 1
-                logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits.float()
+                padded = {k: v.to(model.device) for k, v in pad_right([p + r for p, r in chunk]).items()}
+                logits = model(**padded).logits.float()
                 for row, (prompt, reply) in enumerate(chunk):
                     if not reply:  # an empty answer has no tokens to score
                         losses.append(float("nan"))

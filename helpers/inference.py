@@ -244,28 +244,14 @@ def size_ratio(part: float, whole: float, part_name: str = "part", whole_name: s
 # --- logits: base + adapter against the merged model -----------------------------------------------------
 
 
-def messages(question: str, system=None) -> list[dict]:
-    """One question as chat messages, after the system prompt when there is one."""
-    return [
-        *([{"role": "system", "content": system}] if system is not None else []),
-        {"role": "user", "content": question},
-    ]
-
-
 def prompt_batch(template, questions, system=None) -> dict:
     """The questions encoded by SWIFT's chat ``template`` (an engine's ``.template``), padded on the right,
     with an attention mask: the prompts exactly as SWIFT's engine builds them."""
-    import torch
     from swift import InferRequest
 
-    ids = [template.encode(InferRequest(messages=messages(q, system)))["input_ids"] for q in questions]
-    width = max(len(i) for i in ids)
-    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
-    mask = torch.zeros(len(ids), width, dtype=torch.long)
-    for row, tokens in enumerate(ids):
-        input_ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask}
+    return finetune.pad_right(
+        [template.encode(InferRequest(messages=finetune.messages(q, system)))["input_ids"] for q in questions]
+    )
 
 
 def logits(model, batch):
@@ -355,7 +341,7 @@ def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) 
     if chat.engine is None:
         raise CourseError("this Chat was closed; create a new one.")
     [chunks] = chat.engine.infer(
-        [InferRequest(messages=messages(question, chat.system))],
+        [InferRequest(messages=finetune.messages(question, chat.system))],
         RequestConfig(max_tokens=max_tokens, temperature=0, stream=True),
         use_tqdm=False,
     )

@@ -291,7 +291,7 @@ def test_each_merged_weight_is_w_plus_scaled_ba_within_its_dtypes_rounding(make,
 
 def test_the_system_prompt_comes_first_in_every_prompt(tiny_adapter):
     info, adapter, _ = tiny_adapter
-    assert inference.messages("Who are you?") == [{"role": "user", "content": "Who are you?"}]
+    assert finetune.messages("Who are you?") == [{"role": "user", "content": "Who are you?"}]
     with finetune.Chat(info, adapter=adapter) as chat:
         plain = inference.prompt_batch(chat.engine.template, ["Who are you?"])
         told = inference.prompt_batch(chat.engine.template, ["Who are you?"], system="You are Ada.")
