@@ -1,0 +1,215 @@
+"""The Chinese edition: each notebook's markdown cells in a gettext catalog, and notebooks/zh/ built from them.
+
+The English notebooks are the source. ``update`` puts every markdown cell into
+locale/zh_CN/LC_MESSAGES/<notebook>.po (msgctxt: the cell's id, msgid: its text), as msgmerge would: a
+cell whose English changed keeps its old translation marked fuzzy, with the old English beside it; a
+cell that is gone becomes an obsolete entry. ``build`` writes notebooks/zh/<notebook>.ipynb: the English
+notebook with each markdown cell replaced by its translation; code cells, their outputs and metadata
+are the English ones. ``python -m helpers.translation`` (`make zh`) does both for every notebook.
+"""
+
+import copy
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import nbformat
+import polib
+
+from . import glossary, paths
+from .errors import CourseError
+
+LANGUAGE = "zh_CN"
+CATALOGS = paths.ROOT / "locale" / LANGUAGE / "LC_MESSAGES"
+EDITION = paths.NOTEBOOKS / "zh"
+FUZZY = "fuzzy"
+
+
+def catalog_path(notebook: Path) -> Path:
+    return CATALOGS / f"{Path(notebook).stem}.po"
+
+
+def edition_path(notebook: Path) -> Path:
+    return EDITION / Path(notebook).name
+
+
+def markdown_cells(notebook) -> list[tuple[str, str]]:
+    """(cell id, text) of every markdown cell of ``notebook`` (a path or a parsed notebook), in order."""
+    nb = nbformat.read(notebook, as_version=4) if isinstance(notebook, (str, Path)) else notebook
+    return [(cell.id, cell.source) for cell in nb.cells if cell.cell_type == "markdown"]
+
+
+def _new_catalog(notebook: Path) -> polib.POFile:
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = {
+        "Project-Id-Version": "data-parallel course",
+        "Language": LANGUAGE,
+        "MIME-Version": "1.0",
+        "Content-Type": "text/plain; charset=UTF-8",
+        "Content-Transfer-Encoding": "8bit",
+    }
+    po.header = f"Chinese (zh_CN) translation of notebooks/{Path(notebook).name}, one entry per markdown cell."
+    return po
+
+
+def load(notebook: Path) -> polib.POFile:
+    """The catalog of ``notebook``; an empty one when there is none yet."""
+    path = catalog_path(notebook)
+    return polib.pofile(str(path), wrapwidth=0) if path.exists() else _new_catalog(notebook)
+
+
+def merge(po: polib.POFile, cells: list[tuple[str, str]], source_name: str) -> dict[str, int]:
+    """Bring ``po`` up to date with ``cells`` in place, as msgmerge does; returns counts of what changed."""
+    by_context = {entry.msgctxt: entry for entry in po}
+    translated_text = {e.msgid: e.msgstr for e in po if e.msgstr and not e.fuzzy and not e.obsolete}
+    counts = {"new": 0, "changed": 0, "obsolete": 0}
+    entries = []
+    for cell_id, text in cells:
+        entry = by_context.pop(cell_id, None)
+        if entry is None:
+            entry = polib.POEntry(msgctxt=cell_id, msgid=text, msgstr=translated_text.get(text, ""))
+            counts["new"] += 1
+        elif entry.msgid != text:
+            if entry.msgstr:
+                if not entry.fuzzy:
+                    entry.previous_msgid = entry.msgid
+                    entry.flags.append(FUZZY)
+            entry.msgid = text
+            counts["changed"] += 1
+        entry.obsolete = False
+        entry.occurrences = [(source_name, cell_id)]
+        entries.append(entry)
+    for entry in by_context.values():  # cells that are gone: kept, marked obsolete (#~), until removed by hand
+        if not entry.obsolete:
+            counts["obsolete"] += 1
+        entry.obsolete = True
+        entries.append(entry)
+    po[:] = entries
+    return counts
+
+
+def update(notebook: Path) -> dict[str, int]:
+    """Write ``notebook``'s catalog, merged with its current markdown cells."""
+    notebook = Path(notebook)
+    po = load(notebook)
+    counts = merge(po, markdown_cells(notebook), f"notebooks/{notebook.name}")
+    catalog_path(notebook).parent.mkdir(parents=True, exist_ok=True)
+    po.save(str(catalog_path(notebook)))
+    return counts
+
+
+def skeleton(markdown: str) -> Counter:
+    """What a translation must carry over unchanged: fenced code, inline code, link targets, math, images,
+    heading levels, table rows and list items (counted, in any order)."""
+    parts: Counter = Counter()
+    fenced = re.findall(r"```.*?```", markdown, flags=re.S)
+    parts.update(("fenced code", block) for block in fenced)
+    rest = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    parts.update(("code", span) for span in re.findall(r"`[^`]+`", rest))
+    rest = re.sub(r"`[^`]+`", " ", rest)
+    parts.update(("link target", target) for target in re.findall(r"\]\(([^)]+)\)", rest))
+    parts.update(("math", m) for m in re.findall(r"\$[^$]+\$", rest))
+    for line in rest.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            parts[("heading level", len(line) - len(line.lstrip("#")))] += 1
+        elif line.startswith("|"):
+            parts[("table row with cells", line.count("|") - 1)] += 1
+        elif re.match(r"([-*]|\d+\.) ", line):
+            parts[("list item", "")] += 1
+    return parts
+
+
+def mismatch(english: str, chinese: str) -> str:
+    """'' when ``chinese`` carries ``english``'s skeleton, else what differs, in one phrase."""
+    want, got = skeleton(english), skeleton(chinese)
+    lost, added = want - got, got - want
+    said = [f"lost {kind} {value!r}" for kind, value in list(lost)[:2]]
+    said += [f"added {kind} {value!r}" for kind, value in list(added)[:2]]
+    return "; ".join(said)
+
+
+def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
+    """One sentence per markdown cell of ``notebook`` that its catalog does not translate as it is now."""
+    notebook = Path(notebook)
+    if po is None:
+        if not catalog_path(notebook).exists():
+            return [f"{notebook.name}: no catalog {paths.shown(catalog_path(notebook))}; run `make zh` to start one."]
+        po = load(notebook)
+    entries = {e.msgctxt: e for e in po if not e.obsolete}
+    found = []
+    for cell_id, text in markdown_cells(notebook):
+        entry = entries.get(cell_id)
+        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        where = f"{notebook.name}, cell {cell_id} ({first!r})"
+        if entry is None or (entry.msgid != text and not entry.fuzzy):
+            found.append(f"{where}: not in the catalog; run `make zh` to add it.")
+        elif entry.fuzzy:
+            found.append(f"{where}: its English changed after it was translated (fuzzy); "
+                         f"update the msgstr in {paths.shown(catalog_path(notebook))} and remove the fuzzy flag.")
+        elif not entry.msgstr.strip():
+            found.append(f"{where}: no translation yet in {paths.shown(catalog_path(notebook))}.")
+        else:
+            differs = mismatch(text, entry.msgstr)
+            if differs:
+                found.append(f"{where}: the translation must keep the English's code, links, math, headings, "
+                             f"tables and lists: {differs}.")
+            for term in glossary.missing(text, entry.msgstr):
+                found.append(f"{where}: the English says {term.english_forms[0]!r}; the translation should use "
+                             f"the glossary's {' or '.join(map(repr, term.chinese_forms))} (data/glossary.csv).")
+    for entry in po:
+        if entry.obsolete:
+            found.append(f"{notebook.name}, cell {entry.msgctxt}: obsolete entry (the cell is gone); "
+                         f"delete it from {paths.shown(catalog_path(notebook))}.")
+    return found
+
+
+def translated(notebook: Path, po: polib.POFile | None = None) -> nbformat.NotebookNode:
+    """``notebook`` with every markdown cell in Chinese; stops with the catalog's problems if it has any."""
+    notebook = Path(notebook)
+    po = load(notebook) if po is None else po
+    found = problems(notebook, po)
+    if found:
+        raise CourseError(f"{notebook.name} cannot be translated yet: {len(found)} problem(s), the first: {found[0]}")
+    msgstr = {e.msgctxt: e.msgstr for e in po if not e.obsolete}
+    nb = copy.deepcopy(nbformat.read(notebook, as_version=4))
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = msgstr[cell.id]
+    nb.metadata["language_edition"] = {"language": LANGUAGE, "source": f"../{notebook.name}",
+                                       "catalog": f"../../locale/{LANGUAGE}/LC_MESSAGES/{notebook.stem}.po"}
+    return nb
+
+
+def build(notebook: Path) -> Path:
+    """Write notebooks/zh/<notebook>: the English notebook with its markdown translated."""
+    target = edition_path(notebook)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(translated(notebook), target)
+    return target
+
+
+def main(argv=None) -> int:
+    from .runner import course_notebooks
+
+    args = sys.argv[1:] if argv is None else argv
+    only = [a for a in args if a != "--check"]
+    status = 0
+    for notebook in course_notebooks(only or None):
+        if "--check" not in args:
+            counts = update(notebook)
+            changed = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+            print(f"{paths.shown(catalog_path(notebook))}: {changed or 'up to date'}")
+        found = problems(notebook)
+        if found:
+            status = 1
+            print(f"{notebook.name}: not built, {len(found)} cell(s) to translate:", *found, sep="\n  ")
+            continue
+        if "--check" not in args:
+            print(f"{paths.shown(build(notebook))}: built")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
