@@ -109,7 +109,9 @@ def skeleton(markdown: str) -> Counter:
     parts.update(("code", span) for span in re.findall(r"`[^`]+`", rest))
     rest = re.sub(r"`[^`]+`", " ", rest)
     parts.update(("link target", target) for target in re.findall(r"\]\(([^)]+)\)", rest))
-    parts.update(("math", m) for m in re.findall(r"\$[^$]+\$", rest))
+    parts.update(("math", m) for m in re.findall(r"\$\$.+?\$\$", rest, flags=re.S))
+    rest = re.sub(r"\$\$.+?\$\$", " ", rest, flags=re.S)
+    parts.update(("math", m) for m in re.findall(r"\$[^$\n]+\$", rest))
     for line in rest.splitlines():
         line = line.strip()
         if line.startswith("#"):

@@ -1,0 +1,208 @@
+"""The Chinese edition: catalogs that cannot go stale silently, and notebooks/zh/ that equal their English source."""
+
+import json
+import shutil
+
+import nbformat
+import polib
+import pytest
+
+from helpers import glossary, runner, translation
+from helpers.errors import CourseError
+
+NOTEBOOKS = runner.course_notebooks()
+
+
+def small_notebook(path, texts):
+    nb = nbformat.v4.new_notebook()
+    for i, text in enumerate(texts):
+        cell = nbformat.v4.new_markdown_cell(text)
+        cell.id = f"m{i}"
+        nb.cells.append(cell)
+        code = nbformat.v4.new_code_cell(f"x = {i}  # stays English")
+        code.id = f"c{i}"
+        code.metadata["tags"] = ["parameters"] if i == 0 else []
+        code.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"{i}\n")]
+        code.execution_count = i + 1
+        nb.cells.append(code)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """translation's folders moved under tmp_path, so nothing committed is touched."""
+    monkeypatch.setattr(translation, "CATALOGS", tmp_path / "locale")
+    monkeypatch.setattr(translation, "EDITION", tmp_path / "zh")
+    return tmp_path
+
+
+def translate_all(notebook, texts):
+    po = translation.load(notebook)
+    for entry in po:
+        entry.msgstr = texts[entry.msgctxt]
+    po.save(str(translation.catalog_path(notebook)))
+
+
+def test_a_new_catalog_lists_every_markdown_cell_untranslated(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title", "The gradient is averaged."])
+    assert translation.update(nb) == {"new": 2, "changed": 0, "obsolete": 0}
+    po = polib.pofile(str(translation.catalog_path(nb)))
+    assert [(e.msgctxt, e.msgid, e.msgstr) for e in po] == [("m0", "# Title", ""), ("m1", "The gradient is averaged.", "")]
+    found = translation.problems(nb)
+    assert len(found) == 2 and all("no translation yet" in p and "01_x.ipynb, cell m" in p for p in found)
+    with pytest.raises(CourseError, match="cannot be translated yet"):
+        translation.build(nb)
+
+
+def test_changed_english_makes_the_translation_fuzzy_and_names_the_cell(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title", "The gradient is averaged."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "# 标题", "m1": "梯度被平均。"})
+    assert translation.problems(nb) == []
+    small_notebook(nb, ["# Title", "The gradient is summed."])
+    (problem,) = translation.problems(nb)  # before `make zh` merges: the catalog is stale
+    assert "cell m1" in problem and "not in the catalog" in problem
+    assert translation.update(nb)["changed"] == 1
+    entry = translation.load(nb).find("The gradient is summed.", msgctxt="m1")
+    assert entry.fuzzy and entry.previous_msgid == "The gradient is averaged." and entry.msgstr == "梯度被平均。"
+    (problem,) = translation.problems(nb)
+    assert "cell m1" in problem and "fuzzy" in problem and "'The gradient is summed.'" in problem
+
+
+def test_a_removed_cell_becomes_obsolete_and_is_reported(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title", "Two."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "# 标题", "m1": "二。"})
+    small_notebook(nb, ["# Title"])
+    assert translation.update(nb)["obsolete"] == 1
+    (problem,) = translation.problems(nb)
+    assert "cell m1" in problem and "obsolete" in problem
+
+
+def test_a_moved_cell_keeps_its_translation(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title", "Two."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "# 标题", "m1": "二。"})
+    small_notebook(nb, ["# Title", "One.", "Two."])  # "Two." is now cell m2
+    translation.update(nb)
+    po = translation.load(nb)
+    assert po.find("Two.", msgctxt="m2").msgstr == "二。"
+    assert [p for p in translation.problems(nb) if "m1" in p]  # the new "One." needs a translation
+
+
+def test_build_replaces_markdown_only(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title `x`", "Text."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "# 标题 `x`", "m1": "文字。"})
+    built = nbformat.read(translation.build(nb), as_version=4)
+    source = nbformat.read(nb, as_version=4)
+    assert [c.source for c in built.cells if c.cell_type == "markdown"] == ["# 标题 `x`", "文字。"]
+    assert [c for c in built.cells if c.cell_type == "code"] == [c for c in source.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize(
+    "english, chinese, said",
+    [
+        ("Run `torchrun` now.", "现在运行 torchrun。", "lost code '`torchrun`'"),
+        ("See [the docs](https://x.org/a).", "见[文档](https://x.org/b)。", "lost link target"),
+        ("## 1. Title\n\nText.", "1. 标题\n\n文字。", "lost heading level 2"),
+        ("| a | b |\n|---|---|\n| 1 | 2 |", "| a | b |\n|---|---|", "lost table row"),
+        ("- one\n- two", "- 一、二", "lost list item"),
+        ("A $x^2$ term.", "一个 $x^3$ 项。", "lost math"),
+    ],
+)
+def test_a_translation_must_keep_the_markdown_skeleton(english, chinese, said):
+    assert said in translation.mismatch(english, chinese)
+
+
+def test_the_skeleton_allows_reordering_and_translated_link_text():
+    english = "Use `a` then `b`; see [the guide](x.md)."
+    assert translation.mismatch(english, "先看[指南](x.md)，再用 `b` 之前的 `a`。") == ""
+
+
+def test_glossary_terms_are_checked_outside_code():
+    (term,) = [t for t in glossary.terms() if t.english == "all-reduce"]
+    assert term in glossary.missing("The all-reduces overlap.", "它们在重叠。")
+    assert term not in glossary.missing("The all-reduce overlaps.", "全规约与计算重叠。")
+    assert term not in glossary.missing("The All-Reduce overlaps.", "All-Reduce 与计算重叠。")
+    assert term not in glossary.missing("Call `all-reduce` here.", "在这里调用 `all-reduce`。")
+    assert term not in glossary.missing("A reduce-scatter.", "规约散射。")  # a longer term is not this one
+    rank = [t for t in glossary.terms() if t.english == "rank"]
+    assert rank[0] in glossary.missing("Each rank prints.", "每个进程都打印。")
+
+
+def test_the_glossary_is_well_formed_and_each_notebook_shows_its_terms():
+    terms = glossary.terms()
+    assert len({t.english for t in terms}) == len(terms), "one row per English term"
+    numbers = {nb.name[:2] for nb in NOTEBOOKS}
+    for term in terms:
+        assert term.english_forms and term.chinese_forms, term
+        assert set(term.notebooks) <= numbers, term
+    for notebook in NOTEBOOKS:
+        nb = json.loads(notebook.read_text(encoding="utf-8"))
+        cells = [c for c in nb["cells"] if c["cell_type"] == "code" and f'glossary.show("{notebook.name[:2]}")'
+                 in "".join(c["source"])]  # fmt: skip
+        assert len(cells) == 1, f"{notebook.name} shows its glossary with glossary.show"
+        shown = "".join(cells[0]["outputs"][0]["data"]["text/markdown"])
+        assert shown == glossary.table(notebook.name[:2]), f"{notebook.name}: its glossary output is stale"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem[:2] for nb in NOTEBOOKS])
+def test_every_markdown_cell_is_translated_and_current(notebook):
+    """Fails on a missing, fuzzy or obsolete translation, on lost code or links, and on a glossary term
+    translated some other way; each problem names the notebook and the cell."""
+    found = translation.problems(notebook)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem[:2] for nb in NOTEBOOKS])
+def test_the_chinese_notebook_is_built_from_the_current_english_one(notebook):
+    """Same code cells, tags, parameters and outputs as the English notebook, so it needs no second
+    execution; its markdown is exactly the catalog's (`make zh` was run after the last change)."""
+    edition = translation.edition_path(notebook)
+    assert edition.exists(), f"{edition.name}: run `make zh`"
+    zh, en = nbformat.read(edition, as_version=4), nbformat.read(notebook, as_version=4)
+    assert [c.cell_type for c in zh.cells] == [c.cell_type for c in en.cells]
+    for z, e in zip(zh.cells, en.cells, strict=True):
+        assert z.id == e.id
+        assert z.metadata == e.metadata, f"{edition.name}, cell {z.id}: tags or metadata differ"
+        if e.cell_type == "code":
+            assert z.source == e.source and z.outputs == e.outputs, f"{edition.name}, cell {z.id} differs; run `make zh`"
+    assert zh == translation.translated(notebook), f"{edition.name} is older than its catalog; run `make zh`"
+
+
+def test_make_zh_leaves_a_translated_tree_unchanged(tmp_path, monkeypatch):
+    """`make zh` on a clean checkout rewrites nothing: the catalogs and notebooks/zh/ are its fixed point."""
+    for name in ("locale", "zh"):
+        src = translation.CATALOGS if name == "locale" else translation.EDITION
+        shutil.copytree(src, tmp_path / name)
+    monkeypatch.setattr(translation, "CATALOGS", tmp_path / "locale")
+    monkeypatch.setattr(translation, "EDITION", tmp_path / "zh")
+    assert translation.main([]) == 0
+    for notebook in NOTEBOOKS:
+        assert translation.catalog_path(notebook).read_bytes() == (
+            translation.paths.ROOT / "locale" / "zh_CN" / "LC_MESSAGES" / f"{notebook.stem}.po").read_bytes()
+        assert translation.edition_path(notebook).read_bytes() == (
+            translation.paths.NOTEBOOKS / "zh" / notebook.name).read_bytes()
+
+
+def test_a_chinese_label_without_a_cjk_font_fails_the_notebook_run():
+    """Plot text stays English: the notebooks stage runs with PYTHONWARNINGS=error:Glyph:UserWarning
+    (Makefile), so a figure labelled in Chinese on a machine without a CJK font fails its cell."""
+    import os
+    import subprocess
+    import sys
+
+    draw = ("import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt; import io\n"
+            "fig, ax = plt.subplots(); ax.set_title('数据并行'); fig.savefig(io.BytesIO())")  # fmt: skip
+    makefile = (translation.paths.ROOT / "Makefile").read_text()
+    setting = next(w.split("=", 1)[1] for w in makefile.split() if w.startswith("PYTHONWARNINGS="))
+    plain = subprocess.run([sys.executable, "-c", draw], capture_output=True, text=True)
+    guarded = subprocess.run([sys.executable, "-c", draw], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONWARNINGS": setting})  # fmt: skip
+    assert plain.returncode == 0
+    if "missing from font" in plain.stderr:  # no CJK font here: the guard must turn the warning into a failure
+        assert guarded.returncode != 0 and "Glyph" in guarded.stderr
+    else:  # a CJK font is installed: Chinese labels would render, and the guard lets them
+        assert guarded.returncode == 0
