@@ -434,12 +434,16 @@ def run_course(
     return 1 if failed else 0
 
 
-def _clean_metadata(path: Path) -> None:
-    """Drop per-run timestamps so that a refresh only changes what the notebook shows."""
+def _clean_metadata(path: Path, run: NotebookRun | None = None, profile: str = "") -> None:
+    """Drop per-run timestamps so that a refresh only changes what the notebook shows; keep the run's
+    profile, wall time and peak memory (the site's syllabus and run report show them)."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("papermill", None)
+    if run is not None:
+        nb.metadata["course_run"] = {"profile": profile, "seconds": round(run.seconds),
+                                     "peak_memory_mb": round(run.peak_memory_mb)}  # fmt: skip
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
@@ -448,6 +452,8 @@ def _clean_metadata(path: Path) -> None:
 
 def refresh(only=None) -> int:
     """Re-execute notebooks (default profile) and store the outputs in notebooks/ when they pass."""
+    from helpers import profiles
+
     build = paths.run_dir("refresh")
     status = 0
     for notebook in course_notebooks(only):
@@ -459,7 +465,7 @@ def refresh(only=None) -> int:
             status = 1
             continue
         shutil.copyfile(build / notebook.name, notebook)
-        _clean_metadata(notebook)
+        _clean_metadata(notebook, run, profiles.resolve("auto").name)
         print(f"{notebook.name}: outputs stored ({run.seconds:.0f} s)")
     return status
 
@@ -472,7 +478,7 @@ GPU_CHECK = {
     "06": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1]},  # the path, not the finding
     "07": {"MAX_TOKENS": 16},
     "08": {"HEADROOM_PERCENT": 150, "STEPS": 4, "SWIFT_STEPS": 2},  # the tiny model needs smoke's headroom
-    "09": {"SWIFT_STEPS": 2},
+    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
 }
 GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
 

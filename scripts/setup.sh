@@ -70,7 +70,8 @@ elif .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_availab
   echo "setup: [4/4] CUDA is available: DeepSpeed uses NCCL, no CPU communication kernel to build."
 else
   echo "setup: [4/4] building DeepSpeed's CPU communication kernel (first time: 30 to 45 s on 2 cores) ..."
-  if ! .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 \
+  # the venv's ninja, as under make (Makefile): one ninja keeps the cached kernel valid
+  if ! PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 \
       | { grep -v "real_accelerator" || true; }; then
     echo "setup: the kernel did not build (is a C++ compiler installed?); DeepSpeed will try again when it starts."
   fi

@@ -203,3 +203,29 @@ def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
     assert [n["status"] for n in report["notebooks"]] == ["passed", "interrupted", "not run"]
     assert report["notebooks"][1]["error"]["cell"] == 5
     assert "**Interrupted** in cell 5" in (build / "report.md").read_text()
+
+
+def test_refresh_stores_outputs_and_the_runs_profile_time_and_memory(tmp_path, monkeypatch):
+    """`make refresh` keeps what the notebook showed and how long it took (the site's syllabus shows it),
+    and drops papermill's timestamps."""
+    source = tmp_path / "01_tiny.ipynb"
+    nb = new_notebook(cells=[new_markdown_cell("# Tiny"), new_code_cell("print('hello')")])
+    nbformat.write(nb, source)
+
+    def fake_execute(notebook, out, parameters, progress=False, timeout=None):
+        executed = nbformat.read(notebook, as_version=4)
+        executed.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+        executed.metadata["papermill"] = {"start_time": "2026-01-01T00:00:00"}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(executed, out)
+        return runner.NotebookRun(name=notebook.stem, title="Tiny", status="passed", seconds=12.4, peak_memory_mb=456.2)
+
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "build"))
+    monkeypatch.setenv("COURSE_PROFILE", "cpu")
+    monkeypatch.setattr(runner, "course_notebooks", lambda only=None: [source])
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    assert runner.refresh() == 0
+    stored = nbformat.read(source, as_version=4)
+    assert stored.cells[1].outputs[0]["text"] == "hello\n"
+    assert "papermill" not in stored.metadata
+    assert stored.metadata["course_run"] == {"profile": "cpu", "seconds": 12, "peak_memory_mb": 456}
