@@ -1,0 +1,163 @@
+"""`make book`: the site of the executed course in both languages, opened in headless Chromium."""
+
+import functools
+import http.server
+import re
+import threading
+from urllib.parse import quote, urldefrag, urljoin, urlparse
+
+import pytest
+
+from helpers import book, finetune, runner
+
+pytestmark = pytest.mark.skipif(finetune.chromium() is None, reason="no Chromium (.ci/run installs it)")
+LESSONS = [nb.stem for nb in runner.course_notebooks()]
+# The one thing a page fetches from outside the site: MathJax, which typesets the notebooks' formulas
+# (offline, as here, the TeX source shows instead).
+MATHJAX = "https://cdn.jsdelivr.net/npm/mathjax@"
+
+PAGE_FACTS = """(() => ({
+  h1: [...document.querySelectorAll('main h1, article h1')].map(h => h.textContent.trim()),
+  links: [...document.querySelectorAll('a[href]')].map(a => a.href),
+  ids: [...document.querySelectorAll('[id]')].map(e => e.id),
+  images: [...document.images].map(i => ({src: i.src, ok: i.complete && i.naturalWidth > 0})),
+  language: document.documentElement.lang,
+  switch: [...document.querySelectorAll('a.language-switch')].map(a => a.href),
+  prev: document.querySelector('a.left-prev') ? document.querySelector('a.left-prev').href : null,
+  next: document.querySelector('a.right-next') ? document.querySelector('a.right-next').href : null,
+  text: document.body.innerText,
+}))()"""
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The book built into a temporary build/ and served on 127.0.0.1 (as a host would serve it)."""
+    build = tmp_path_factory.mktemp("build")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COURSE_BUILD_DIR", str(build))
+        index = book.build()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(index.parent)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pages(site):
+    """Every page reachable by links from both editions' start pages, crawled in Chromium: url -> facts."""
+    from browser import Browser
+
+    browser = Browser()
+    try:
+        seen, queue = {}, [site + "en/index.html", site + "zh-CN/index.html"]
+        while queue:
+            url = queue.pop(0)
+            if url in seen:
+                continue
+            loaded = browser.open(url)
+            facts = browser.evaluate(PAGE_FACTS)
+            seen[url] = {**loaded, **facts}
+            for link in facts["links"]:
+                target = urldefrag(link).url
+                if target.startswith(site) and target.endswith(".html") and target not in seen:
+                    queue.append(target)
+        # the search page, asked for a word every edition teaches
+        found = {}
+        for edition, word in (("en", "Reducer"), ("zh-CN", "梯度")):
+            browser.open(f"{site}{edition}/search.html?q={quote(word)}")
+            found[edition] = browser.evaluate(
+                "new Promise(r => { const t0 = Date.now(); (function wait() {"
+                " const n = document.querySelectorAll('#search-results li').length;"
+                " if (n || Date.now() - t0 > 15000) r(n); else setTimeout(wait, 200); })(); })")  # fmt: skip
+        seen["search"] = found
+    finally:
+        browser.close()
+    return seen
+
+
+def lesson_url(site, edition, stem):
+    return f"{site}{edition}/{stem}.html"
+
+
+def test_every_page_renders_with_its_images_and_no_error(site, pages):
+    html = {url: facts for url, facts in pages.items() if url != "search"}
+    for edition in ("en", "zh-CN"):
+        for stem in [*LESSONS, "index", "report"]:
+            assert lesson_url(site, edition, stem) in html, f"{edition}/{stem}.html is not linked from the site"
+    for url, facts in html.items():
+        assert facts["status"] == 200, url
+        unloaded = [u for u in facts["failed"] if not u.startswith(MATHJAX)]
+        assert not unloaded, f"{url}: did not load {unloaded}"
+        assert not facts["errors"], f"{url}: script errors {facts['errors']}"
+        assert all(image["ok"] for image in facts["images"]), f"{url}: broken images"
+        if "/_" not in url and not url.endswith(("genindex.html", "search.html")):
+            assert facts["h1"], f"{url} has no title"
+    for edition in ("en", "zh-CN"):
+        lesson = html[lesson_url(site, edition, "03_ddp_mechanics")]
+        assert len(lesson["images"]) >= 5, "03's plots are in its page"
+
+
+def test_every_internal_link_resolves(site, pages):
+    html = {url: facts for url, facts in pages.items() if url != "search"}
+    for url, facts in html.items():
+        for link in facts["links"]:
+            target, fragment = urldefrag(link)
+            if not target.startswith(site):
+                continue
+            if target.endswith(".html"):
+                assert target in html, f"{url} links to {link}, which is not there"
+                if fragment:
+                    assert fragment in html[target]["ids"], f"{url} links to {link}: no such anchor"
+            else:
+                assert urlparse(target).path.startswith(("/en/", "/zh-CN/")), f"{url}: stray link {link}"
+
+
+def test_the_language_switch_lands_on_the_same_lesson(site, pages):
+    for stem in [*LESSONS, "index", "report"]:
+        en, zh = lesson_url(site, "en", stem), lesson_url(site, "zh-CN", stem)
+        assert pages[en]["switch"] == [zh] and pages[zh]["switch"] == [en], stem
+        assert pages[en]["language"] == "en" and pages[zh]["language"] == "zh-CN"
+    # the Chinese page is the translation, not a copy: its title is in Chinese
+    for stem in LESSONS:
+        title = pages[lesson_url(site, "zh-CN", stem)]["h1"][0]
+        assert re.search(r"[\u4e00-\u9fff]", title.split("（")[0]), title
+
+
+def test_previous_and_next_follow_the_course_order(site, pages):
+    for edition in ("en", "zh-CN"):
+        order = ["index", *LESSONS, "report"]
+        for before, page, after in zip(order, order[1:], order[2:], strict=False):
+            facts = pages[lesson_url(site, edition, page)]
+            assert facts["prev"] == lesson_url(site, edition, before), page
+            assert facts["next"] == lesson_url(site, edition, after), page
+
+
+def test_the_syllabus_gives_each_lessons_budget_and_measured_time(site, pages):
+    for edition in ("en", "zh-CN"):
+        text = pages[lesson_url(site, edition, "index")]["text"]
+        for notebook in runner.course_notebooks():
+            run = book.recorded_run(notebook)
+            assert f"{run.budget_seconds:.0f} s" in text
+            if run.status == "passed":
+                assert f"{run.seconds:.0f} s (cpu)" in text, notebook.name
+        report = pages[lesson_url(site, edition, "report")]["text"]
+        assert "06_swift_lora_self_cognition" in report and "metric" in report
+
+
+def test_search_finds_a_word_in_each_language(pages):
+    assert pages["search"]["en"] > 0
+    assert pages["search"]["zh-CN"] > 0
+
+
+def test_links_out_of_the_site_are_only_to_the_web(site, pages):
+    for url, facts in pages.items():
+        if url == "search":
+            continue
+        for link in facts["links"]:
+            assert link.startswith((site, "http://", "https://", "mailto:", "javascript:")), f"{url}: {link}"
+    assert urljoin(site, "en/") == site + "en/"
