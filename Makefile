@@ -10,11 +10,11 @@ KEEP ?=
 DRY ?=
 GPU_PYTHON ?= python3
 
-.PHONY: help setup run test lint unit notebooks lab refresh clean prune gpu-check lock zh book
+.PHONY: help setup run test lint unit unit-main unit-gpu-shape unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
-	@echo "make test     lint, unit tests, notebook tests; the tree must stay clean"
+	@echo "make test     lint, unit tests then notebook tests, beside the gpu-shape tests; the tree must stay clean"
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
@@ -33,8 +33,19 @@ run: setup
 lint: setup
 	$(BIN)/ruff check --no-cache conftest.py helpers tests notebooks book
 
+# The gpu-shape tests (tests/test_gpu_shape.py: notebooks 06-09 in their gpu shape, about 5 minutes of
+# SWIFT runs) run beside the other tests, each pytest session in its own build/test folder: on 2 cores
+# the two streams take little longer than the longer one alone. Each one's output follows when it ends.
 unit: setup
-	$(BIN)/python -m pytest tests -ra
+	@echo "unit tests, with the gpu-shape tests beside them (each one's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-gpu-shape
+
+unit-main:
+	$(BIN)/python -m pytest tests -ra --ignore=tests/test_gpu_shape.py
+
+unit-gpu-shape:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/gpu-shape $(BIN)/python -m pytest -p no:cacheprovider -ra \
+		tests/test_gpu_shape.py
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
@@ -42,12 +53,19 @@ notebooks: setup
 	COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning $(BIN)/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
-test: lint unit notebooks
+# make test: lint, then two streams side by side: the unit tests followed by the notebooks, and the
+# gpu-shape tests.
+test: lint
+	@echo "unit tests then notebook tests, with the gpu-shape tests beside them (each one's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-then-notebooks unit-gpu-shape
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m helpers.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "make test left the git tree dirty:"; git status --porcelain; exit 1; \
 	else echo "git tree clean after the tests."; fi
+
+unit-then-notebooks: unit-main
+	@$(MAKE) --no-print-directory notebooks
 
 lab: setup
 	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \

@@ -14,7 +14,9 @@ from helpers import netlab
 from helpers.paths import differences, snapshot
 
 ROOT = Path(__file__).resolve().parent
-TEST_BUILD = ROOT / "build" / "test"
+# COURSE_TEST_BUILD gives a session its own folder under build/test (the Makefile runs the gpu-shape tests
+# beside the other unit tests, each session in its own).
+TEST_BUILD = Path(os.environ.get("COURSE_TEST_BUILD", ROOT / "build" / "test")).resolve()
 USER_OUTPUTS = ROOT / "build" / "outputs"
 FOLDERS = {"COURSE_BUILD_DIR": TEST_BUILD, "COURSE_OUTPUTS_DIR": TEST_BUILD / "outputs",
            "COURSE_MODELS_DIR": TEST_BUILD / "models"}  # fmt: skip
@@ -27,9 +29,20 @@ def pytest_configure(config):
     config._namespaces = set(netlab.namespaces())
 
 
+def _ours_or_orphaned(namespace: str) -> bool:
+    """A lab namespace this session left: its owner is this process or one it started, or is gone. A live
+    owner elsewhere is another session's lab (a test session running side by side), not a leak."""
+    import psutil
+
+    owner = netlab._owner(namespace)
+    if owner == os.getpid() or not psutil.pid_exists(owner):
+        return True
+    return owner in {child.pid for child in psutil.Process().children(recursive=True)}
+
+
 def pytest_sessionfinish(session, exitstatus):
     changed = differences(session.config._user_outputs, snapshot(USER_OUTPUTS))
-    left = sorted(set(netlab.namespaces()) - session.config._namespaces)
+    left = sorted(n for n in set(netlab.namespaces()) - session.config._namespaces if _ours_or_orphaned(n))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for failed, message in (
         (
