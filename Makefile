@@ -10,11 +10,11 @@ KEEP ?=
 DRY ?=
 GPU_PYTHON ?= python3
 
-.PHONY: help setup run test lint unit unit-main unit-gpu-shape unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book
+.PHONY: help setup run test lint unit unit-main unit-long unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
-	@echo "make test     lint, unit tests then notebook tests, beside the gpu-shape tests; the tree must stay clean"
+	@echo "make test     lint, unit tests then notebook tests, the longest unit tests beside them; the tree must stay clean"
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
@@ -33,19 +33,20 @@ run: setup
 lint: setup
 	$(BIN)/ruff check --no-cache conftest.py helpers tests notebooks book
 
-# The gpu-shape tests (tests/test_gpu_shape.py: notebooks 06-09 in their gpu shape, about 5 minutes of
-# SWIFT runs) run beside the other tests, each pytest session in its own build/test folder: on 2 cores
-# the two streams take little longer than the longer one alone. Each one's output follows when it ends.
+# The longest unit tests (LONG: notebooks 06-09 in their gpu shape, about 5 minutes of SWIFT runs; the
+# site crawled in Chromium; the GPU-image install path) run beside the others, each pytest session in its
+# own build/test folder: on 2 cores two streams take little longer than the longer one alone. Each
+# stream's output follows when it ends.
 unit: setup
-	@echo "unit tests, with the gpu-shape tests beside them (each one's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-gpu-shape
+	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long
 
+LONG := tests/test_gpu_shape.py tests/test_book.py tests/test_install.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra --ignore=tests/test_gpu_shape.py
+	$(BIN)/python -m pytest tests -ra $(addprefix --ignore=,$(LONG))
 
-unit-gpu-shape:
-	COURSE_TEST_BUILD=$(CURDIR)/build/test/gpu-shape $(BIN)/python -m pytest -p no:cacheprovider -ra \
-		tests/test_gpu_shape.py
+unit-long:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
@@ -53,11 +54,10 @@ notebooks: setup
 	COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning $(BIN)/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
-# make test: lint, then two streams side by side: the unit tests followed by the notebooks, and the
-# gpu-shape tests.
+# make test: lint, then two streams side by side: the unit tests followed by the notebooks, and LONG.
 test: lint
-	@echo "unit tests then notebook tests, with the gpu-shape tests beside them (each one's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-then-notebooks unit-gpu-shape
+	@echo "unit tests then notebook tests, with the longest unit tests beside them (each stream's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-then-notebooks unit-long
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m helpers.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
