@@ -14,8 +14,8 @@ from helpers import netlab
 from helpers.paths import differences, snapshot
 
 ROOT = Path(__file__).resolve().parent
-# COURSE_TEST_BUILD gives a session its own folder under build/test (the Makefile runs the gpu-shape tests
-# beside the other unit tests, each session in its own).
+# COURSE_TEST_BUILD gives a session its own folder under build/test (the Makefile runs the longest unit
+# tests in a session beside the others, each session in its own folder).
 TEST_BUILD = Path(os.environ.get("COURSE_TEST_BUILD", ROOT / "build" / "test")).resolve()
 USER_OUTPUTS = ROOT / "build" / "outputs"
 FOLDERS = {"COURSE_BUILD_DIR": TEST_BUILD, "COURSE_OUTPUTS_DIR": TEST_BUILD / "outputs",

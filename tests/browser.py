@@ -22,12 +22,12 @@ class Browser:
         binary = finetune.chromium()
         if binary is None:
             raise RuntimeError("no Chromium")
-        self.profile = tempfile.TemporaryDirectory()
+        self.profile = tempfile.mkdtemp(prefix="course-chromium-")
         self.process = subprocess.Popen(
-            [binary, *LIVE_FLAGS, f"--user-data-dir={self.profile.name}",
+            [binary, *LIVE_FLAGS, f"--user-data-dir={self.profile}",
              "--remote-debugging-port=0", "--window-size=1280,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        active = Path(self.profile.name) / "DevToolsActivePort"
+        active = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + timeout
         while not (active.exists() and len(active.read_text().split()) == 2):
             if time.monotonic() > deadline or self.process.poll() is not None:
@@ -92,4 +92,4 @@ class Browser:
             self.socket.close()
         self.process.kill()
         self.process.wait()
-        shutil.rmtree(self.profile.name, ignore_errors=True)  # Chromium may still be writing into it
+        shutil.rmtree(self.profile, ignore_errors=True)  # Chromium may still be writing into it
