@@ -1099,40 +1099,37 @@ class WebUI:
         self.stop()
 
 
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,900",
-    "--virtual-time-budget=10000",  # let Gradio's scripts build the page before the capture
-]  # fmt: skip
-
-
 def chromium() -> str | None:
     """The headless browser used for screenshots, or None where none is installed."""
-    return next(
-        (
-            found
-            for name in ("chromium", "chromium-browser", "google-chrome")
-            if (found := shutil.which(name))
-        ),
-        None,
-    )
+    from .browser import chromium
+
+    return chromium()
 
 
 def browse(url: str, *extra, timeout: float = 240) -> str:
-    """Open ``url`` in headless Chromium with ``extra`` flags (``--dump-dom``, ``--screenshot=...``);
-    returns what it printed. A throwaway profile folder each time, removed afterwards."""
-    import subprocess
-    import tempfile
+    """Open ``url`` in headless Chromium, wait until its scripts have built the page, then do what
+    ``extra`` asks: ``--dump-dom`` returns the page's HTML, ``--screenshot=PATH`` writes a 1280x900 PNG."""
+    from .browser import Browser
 
-    browser = chromium()
-    if browser is None:
+    if chromium() is None:
         raise CourseError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, url],
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
-    if done.returncode != 0:
-        raise CourseError(f"Chromium could not open {url}: {done.stderr.strip()[-500:]}")
-    return done.stdout
+    browser = Browser(timeout=timeout)
+    try:
+        loaded = browser.open(url)
+        if loaded["status"] != 200:
+            raise CourseError(f"Chromium could not open {url}: HTTP status {loaded['status']}.")
+        browser.settle()
+        shown = ""
+        for flag in extra:
+            if flag == "--dump-dom":
+                shown = browser.html()
+            elif flag.startswith("--screenshot="):
+                browser.screenshot(flag.split("=", 1)[1])
+            else:
+                raise CourseError(f"browse() knows --dump-dom and --screenshot=PATH, not {flag}.")
+        return shown
+    finally:
+        browser.close()
 
 
 def webui_fields(flags) -> list[dict]:

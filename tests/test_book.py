@@ -59,7 +59,7 @@ def site(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pages(site):
     """Every page reachable by links from both editions' start pages, crawled in Chromium: url -> facts."""
-    from browser import Browser
+    from helpers.browser import Browser
 
     browser = Browser()
     try:

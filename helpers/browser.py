@@ -1,6 +1,7 @@
-"""A headless Chromium driven over the DevTools protocol, for the site's tests: open a page, wait for it to
-load, evaluate JavaScript in it, and see what failed to load."""
+"""A headless Chromium driven over the DevTools protocol: open a page, wait in real time until it is built,
+read it, photograph it, and see what failed to load (notebook 06's Web-UI, the site's tests)."""
 
+import base64
 import json
 import shutil
 import subprocess
@@ -10,21 +11,25 @@ from pathlib import Path
 
 import websocket
 
-from helpers import finetune
+# Headless, and quiet on a machine without network. No --virtual-time-budget: its virtual clock stops
+# while any request is pending, so a page that keeps a connection open (Gradio's) can wait forever.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
-# the course's headless flags, less the virtual-time budget a one-shot screenshot needs (a live page
-# under it pauses its scripts, and DevTools calls wait forever)
-LIVE_FLAGS = [flag for flag in finetune.CHROMIUM_FLAGS if not flag.startswith(("--virtual-time-budget", "--window-size"))]
+
+def chromium() -> str | None:
+    """The headless browser, or None where none is installed."""
+    return next((found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))), None)
 
 
 class Browser:
     def __init__(self, timeout: float = 60):
-        binary = finetune.chromium()
+        binary = chromium()
         if binary is None:
-            raise RuntimeError("no Chromium")
+            raise RuntimeError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
         self.profile = tempfile.mkdtemp(prefix="course-chromium-")
         self.process = subprocess.Popen(
-            [binary, *LIVE_FLAGS, f"--user-data-dir={self.profile}",
+            [binary, *FLAGS, f"--user-data-dir={self.profile}",
              "--remote-debugging-port=0", "--window-size=1280,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         active = Path(self.profile) / "DevToolsActivePort"
@@ -41,6 +46,8 @@ class Browser:
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Network", "Runtime"):
             self.call(f"{domain}.enable", session=True)
+        self.call("Emulation.setDeviceMetricsOverride", session=True, width=1280, height=900, deviceScaleFactor=1,
+                  mobile=False)  # fmt: skip
 
     def call(self, method: str, session: bool = False, **params):
         self.next_id += 1
@@ -61,9 +68,13 @@ class Browser:
     def open(self, url: str) -> dict:
         """Load ``url``; returns {status, failed: [urls that did not load], errors: [uncaught exceptions]}."""
         self.events.clear()
+        before = self.evaluate("location.href")
         self.call("Page.navigate", session=True, url=url)
         deadline = time.monotonic() + self.timeout
-        while self.evaluate("document.readyState + ' ' + location.href") != f"complete {url}":
+        while True:  # the new document (its address changed, or is the one asked for) has loaded
+            state, href = self.evaluate("[document.readyState, location.href]")
+            if state == "complete" and (href == url or href != before):
+                break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not finish loading")
             time.sleep(0.05)
@@ -79,6 +90,23 @@ class Browser:
         errors = [e["params"]["exceptionDetails"].get("text", "") for e in self.events
                   if e.get("method") == "Runtime.exceptionThrown"]  # fmt: skip
         return {"status": status, "failed": failed, "errors": errors}
+
+    def settle(self, seconds: float = 60) -> None:
+        """Wait until the page's text stops changing for a second (scripts that build the page are done)."""
+        deadline, last, same = time.monotonic() + seconds, None, 0
+        while time.monotonic() < deadline and same < 4:
+            now = self.evaluate("document.body ? document.body.innerText.length : -1")
+            same = same + 1 if now == last and now > 0 else 0
+            last = now
+            time.sleep(0.25)
+
+    def html(self) -> str:
+        return self.evaluate("document.documentElement.outerHTML")
+
+    def screenshot(self, path) -> None:
+        """The viewport (1280x900) as a PNG file."""
+        data = self.call("Page.captureScreenshot", session=True, format="png")["data"]
+        Path(path).write_bytes(base64.b64decode(data))
 
     def evaluate(self, expression: str):
         result = self.call("Runtime.evaluate", session=True, expression=expression, awaitPromise=True,
