@@ -170,3 +170,16 @@ def test_links_out_of_the_site_are_only_to_the_web(site, pages):
         for link in facts["links"]:
             assert link.startswith((site, "http://", "https://", "mailto:", "javascript:")), f"{url}: {link}"
     assert urljoin(site, "en/") == site + "en/"
+
+
+def test_browse_reads_a_built_page_and_photographs_it(site, tmp_path):
+    """finetune.browse (notebook 06's Web-UI cell) over helpers.browser: the page's HTML once its scripts
+    are done, and a 1280x900 PNG of it."""
+    import struct
+
+    shot = tmp_path / "page.png"
+    html = finetune.browse(site + "en/index.html", "--dump-dom", f"--screenshot={shot}")
+    assert "<h1" in html and "Syllabus" in html and "language-switch" in html
+    head = shot.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (1280, 900)
+    assert shot.stat().st_size > 20_000, "a blank page compresses to almost nothing"
