@@ -27,4 +27,6 @@ exclude_patterns = ["_build"]
 
 import logging  # noqa: E402
 
-logging.getLogger("jieba").setLevel(logging.WARNING)  # jieba (the Chinese search index) announces its dictionary
+import jieba  # noqa: E402  (Sphinx's Chinese search index splits words with it)
+
+jieba.setLogLevel(logging.WARNING)  # it announces loading its dictionary; imported here first, it stays quiet
