@@ -2,15 +2,22 @@
 # Create .venv and install exactly the packages of requirements-lock.txt, once: a second call sees nothing
 # changed and says so. Nothing here resolves versions: `make lock` makes the lock from requirements.txt.
 # COURSE_KEEP_TORCH=1 keeps the torch already in .venv (a CUDA build you installed) and installs the rest
-# from requirements-lock-no-torch.txt; the notebooks check at start-up that this torch is in range.
+# from requirements-lock-no-torch.txt; the notebooks check at start-up that this torch is in range. With no
+# .venv yet, it keeps the torch of $PYTHON (a GPU image's or a hosted notebook's Python 3.11) without
+# installing anything into it: .venv sees that interpreter's site-packages after its own, so the pinned
+# packages win and torch comes from the image. It ends by registering .venv as the Jupyter kernel
+# "Python 3 (ddp-course)" (COURSE_KERNEL_NAME names it; COURSE_KERNEL_NAME=none skips it).
+# COURSE_COMPILE_BYTECODE=0 skips compiling the installed modules to bytecode (the tests set it: time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 KEEP_TORCH=${COURSE_KEEP_TORCH:-0}
+KERNEL=${COURSE_KERNEL_NAME:-ddp-course}
 LOCK=requirements-lock.txt
 if [ "$KEEP_TORCH" = 1 ]; then LOCK=requirements-lock-no-torch.txt; fi
 want=$( (cat requirements.txt requirements-nodeps.txt "$LOCK" pyproject.toml scripts/setup.sh scripts/uv.sh;
-         echo "keep torch: $KEEP_TORCH") | sha256sum | cut -c1-16)
+         echo "keep torch: $KEEP_TORCH"; if [ "$KEEP_TORCH" = 1 ]; then echo "kernel: $KERNEL"; fi) \
+       | sha256sum | cut -c1-16)
 stamp=.venv/.course-installed
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
   echo "setup: .venv already has every locked package (lock unchanged); nothing to install."
@@ -19,11 +26,42 @@ fi
 start=$(date +%s)
 if [ ! -x .venv/bin/python ]; then
   if [ "$KEEP_TORCH" = 1 ]; then
-    echo "setup: COURSE_KEEP_TORCH=1 keeps the torch in .venv, and there is no .venv yet: create it with your"
-    echo "       CUDA build of torch first (python3.11 -m venv .venv && .venv/bin/pip install torch==...)."
-    exit 1
-  fi
-  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+    # A GPU image's Python (a ModelScope notebook, a GPU server) already holds a CUDA build of torch; pip
+    # would overwrite the image's own jupyterlab, tornado and the rest with the lock's pins. Instead .venv
+    # gets the pins and sees the image's site-packages after its own: --system-site-packages where that
+    # Python is a base interpreter, and the .pth below where it is itself a venv (venvs do not chain).
+    about=$("$PYTHON" -c 'import sys; print(f"Python {sys.version.split()[0]} at {sys.executable}")' 2>/dev/null) \
+      || about="not a Python that runs"
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      problem="is not Python 3.11, for which $LOCK is resolved"
+    elif ! "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
+      problem="has no torch"
+    elif ! torch_at=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+        2>/dev/null); then
+      problem="has a torch that does not import (try: $PYTHON -c 'import torch')"
+    else
+      problem=
+    fi
+    if [ -n "$problem" ]; then
+      echo "setup: COURSE_KEEP_TORCH=1 keeps the torch of $PYTHON, and $PYTHON ($about) $problem;" \
+        "run it with PYTHON=<the image's Python 3.11 that has torch>, or without COURSE_KEEP_TORCH for the" \
+        "locked CPU build."
+      exit 1
+    fi
+    # The image's folders that --system-site-packages does not bring: its own, when it is a venv. Each
+    # goes through site.addsitedir (after .venv's own folder), so the .pth files in it count as well.
+    image_site=$("$PYTHON" -c 'import site, sys, sysconfig
+base = set(site.getsitepackages([sys.base_prefix]))
+found = site.getsitepackages() + [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
+print("; ".join(["import site"] + [f"site.addsitedir({d!r})" for d in dict.fromkeys(found) if d not in base]))')
+    echo "setup: creating .venv on $about, keeping its torch (from $torch_at) ..."
+    "$PYTHON" -m venv --system-site-packages .venv
+    own_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    {
+      echo "# scripts/setup.sh (COURSE_KEEP_TORCH=1): after .venv's own packages, those of $PYTHON, whose torch .venv keeps."
+      echo "$image_site"
+    } > "$own_site/_course_image_site.pth"
+  elif ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
     echo "setup: $LOCK is resolved for Python 3.11 and $PYTHON is $("$PYTHON" --version 2>&1);" \
       "run it again with PYTHON=python3.11 (or another Python 3.11)."
     exit 1
@@ -48,8 +86,13 @@ PY
 else
   install=(sync "$LOCK")  # exactly the lock: anything else in .venv goes
 fi
+# Compile to bytecode now, once: uv does not by default, and with PYTHONDONTWRITEBYTECODE=1 (set on the
+# course machines and in CI) every process would compile every module it imports from source again
+# (`from swift import sft_main`: 39 s, of them 16 s compiling; 15 s once compiled).
+compile=(--compile-bytecode)
+if [ "${COURSE_COMPILE_BYTECODE:-1}" = 0 ]; then compile=(); fi
 if ! "$uv" pip "${install[@]}" --python .venv/bin/python --require-hashes --index-strategy unsafe-best-match \
-    "${sources[@]}"; then
+    "${compile[@]}" "${sources[@]}"; then
   echo "setup: installing $LOCK failed (above: which package)."
   if [ "$KEEP_TORCH" != 1 ]; then
     echo "       The lock holds torch's CPU build, found through pip's find-links; on a GPU machine, install a"
@@ -58,7 +101,7 @@ if ! "$uv" pip "${install[@]}" --python .venv/bin/python --require-hashes --inde
   exit 1
 fi
 echo "setup: [3/4] installing the course helpers (editable) ..."
-"$uv" pip install --python .venv/bin/python --quiet --no-deps --no-build-isolation -e .
+"$uv" pip install --python .venv/bin/python --quiet --no-deps --no-build-isolation "${compile[@]}" -e .
 packages=$(( $(date +%s) - start ))
 echo "setup: the packages took ${packages} s."
 # DeepSpeed compiles its CPU communication kernel when it first starts on a machine without a GPU
@@ -75,6 +118,15 @@ else
       | { grep -v "real_accelerator" || true; }; then
     echo "setup: the kernel did not build (is a C++ compiler installed?); DeepSpeed will try again when it starts."
   fi
+fi
+# With a kept torch, JupyterLab may run from elsewhere (the image's own, in a hosted notebook): a named
+# kernel runs .venv's python there. --user writes to $(jupyter --data-dir)/kernels (JUPYTER_DATA_DIR).
+if [ "$KEEP_TORCH" = 1 ] && [ "$KERNEL" != none ]; then
+  if ! .venv/bin/python -m ipykernel install --user --name "$KERNEL" --display-name "Python 3 ($KERNEL)" >/dev/null; then
+    echo "setup: registering .venv as the Jupyter kernel $KERNEL failed (above: why); COURSE_KERNEL_NAME=none skips it."
+    exit 1
+  fi
+  echo "setup: in JupyterLab, pick the kernel \"Python 3 ($KERNEL)\" (Kernel > Change Kernel): it runs .venv/bin/python."
 fi
 echo "$want" > "$stamp"
 seconds=$(( $(date +%s) - start ))
