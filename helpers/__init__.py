@@ -2,15 +2,18 @@
 
 - paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are
 - errors     CourseError: a one-sentence error for learners, shown without a traceback
-- profiles   cpu / gpu / smoke / auto: resolve and validate a notebook's parameters
-- models     make the course models available offline (SmolLM2, a tiny smoke model, ModelScope ids)
+- profiles   cpu / gpu / smoke / auto: resolve and validate a notebook's parameters; the gpu profile's dtype,
+             and the ranks a lesson runs on one GPU
+- models     make the course models available offline (SmolLM2, a tiny smoke model, ModelScope ids), check the
+             disk before a download, and let every model go at a notebook's end
 - swift_local_code_only  a SWIFT plugin (--external_plugins): no code shipped in a model folder runs
-- launching  run torchrun and the swift CLI from a cell: live rank-prefixed output, timeouts, results
+- launching  run torchrun and the swift CLI from a cell: live rank-prefixed output, timeouts, results, on
+             the GPUs this process may use
 - environment installed versions against the pins, accelerators and distributed backends
 - report     record a notebook's key metrics (collected into the run report) and show tables
 - plots      the course's plot style and a timeline of measured intervals
 - exercises  checkers that tell a learner whether an exercise answer is right
-- runner     execute the notebooks with papermill, render HTML, write build/report.{md,json}
+- runner     execute the notebooks with papermill, render HTML, write build/report.{md,json}; make gpu-check
 
 One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes

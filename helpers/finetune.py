@@ -19,7 +19,8 @@ record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never repla
 :func:`save_latest` writes it atomically under a lock; ``load_latest(profile.name)`` reads one record:
 
 - ``checkpoint``: the LoRA checkpoint directory (adapter_config.json, adapter_model.safetensors)
-- ``model``, ``model_type``, ``template``: the base model as SWIFT was given it (``--model`` ...)
+- ``model``, ``model_type``, ``template``: the base model as SWIFT was given it (``--model`` ...), and
+  ``hub_id`` when it came from ModelScope (``--model`` then names the id)
 - ``model_name``, ``model_author``: the [zh, en] pairs used for the placeholders
 - ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
 - ``profile``, ``scores`` (held-out identity / general scores measured in notebook 06), ``written``
@@ -131,10 +132,54 @@ def training_questions() -> set[str]:
     return {row["query"] for row in self_cognition_rows()} | set(general_questions())
 
 
-def leaked_heldout() -> list[str]:
-    """Held-out questions that also appear in training data (should be none)."""
-    seen = training_questions()
+def _questions_of(rows) -> set[str]:
+    """The user turns of dataset rows, in either layout SWIFT reads (``query`` or ``messages``)."""
+    found = set()
+    for row in rows:
+        if row.get("query"):
+            found.add(row["query"])
+        for message in row.get("messages") or []:
+            if message.get("role") == "user":
+                found.add(message["content"])
+    return found
+
+
+def hub_questions(dataset: str, name, author) -> set[str]:
+    """Every user question of a hub dataset (all its rows, whatever ``#N`` a command samples), loaded the way
+    ``swift sft`` loads it (swift/dataset/loader.py, load_dataset), placeholders filled: from the hub, or
+    from its cache."""
+    from swift.dataset import load_dataset
+
+    train, _ = load_dataset([dataset.split("#")[0]], model_name=list(name), model_author=list(author))
+    return _questions_of(train)
+
+
+def leaked_heldout(sources=None, name=("小课", "XiaoKe"), author=("并行训练营", "Parallel Training Camp")) -> list[str]:
+    """Held-out questions that also appear in the data a run trains on (should be none). ``sources``: the
+    ``--dataset`` values of that run (local folders or files of this project, hub ids); None: the course's
+    own training data (self-cognition rows and the general questions)."""
+    if sources is None:
+        seen = training_questions()
+    else:
+        seen = set()
+        for source in sources:
+            path = Path(str(source).split("#")[0])
+            if path.is_dir():
+                seen |= {fill(row, name, author)["query"] for row in self_cognition_rows(path)}
+            elif path.is_file():
+                seen |= _questions_of(read_jsonl(path))
+            else:
+                seen |= hub_questions(str(source), name, author)
     return [row["query"] for row in heldout() if row["query"] in seen]
+
+
+def identity_part(sources) -> tuple:
+    """The self-cognition sources of a ``--dataset`` mix (the course's folder, or the hub's
+    ``swift/self-cognition``): the same identity data, without the general data beside it."""
+    part = tuple(s for s in sources if Path(str(s).split("#")[0]).name == "self-cognition")
+    if not part:
+        raise CourseError(f"no self-cognition data among {list(map(str, sources))}.")
+    return part
 
 
 # --- asking a model: SWIFT's inference engine, greedy, in batches --------------------------------------
@@ -171,6 +216,10 @@ def pad_right(sequences) -> dict:
     return {"input_ids": input_ids, "attention_mask": mask}
 
 
+class _EngineClosed(SystemExit):
+    """Ends SWIFT's inference worker thread when its Chat is closed (see :meth:`Chat.close`)."""
+
+
 @dataclass
 class Answer:
     text: str
@@ -185,7 +234,13 @@ class Chat:
     """
 
     def __init__(
-        self, info: models.ModelInfo, device: str = "cpu", adapter=None, max_batch_size: int = 32, system=None
+        self,
+        info: models.ModelInfo,
+        device: str = "cpu",
+        adapter=None,
+        max_batch_size: int = 32,
+        system=None,
+        dtype: str | None = None,
     ):
         import torch
         from swift import TransformersEngine
@@ -196,14 +251,19 @@ class Chat:
             adapters = [str(Path(adapter).resolve())]
         self.info, self.adapter = info, adapter
         self.system = system  # the system prompt of every question: the one the model was trained with
+        cuda = device.startswith("cuda")
         self.engine = TransformersEngine(
             info.path,
             adapters=adapters,
             model_type=info.model_type,
             template_type=info.template,
-            torch_dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
+            torch_dtype=getattr(torch, dtype) if dtype else (torch.bfloat16 if cuda else torch.float32),
             max_batch_size=max_batch_size,
+            # one GPU: left to itself, SWIFT spreads a model over every GPU this kernel sees (device_map
+            # "auto" when there are more GPUs than processes: swift/model/utils.py, get_default_device_map)
+            device_map="cuda:0" if cuda else None,
         )
+        models.hold(self.engine.model)
 
     def ask(self, questions, max_tokens: int = 48) -> list[Answer]:
         """Greedy answers, one per question, each ended by the model or cut at ``max_tokens``."""
@@ -265,7 +325,27 @@ class Chat:
             self.engine.model = self.engine.model.unload()
 
     def close(self) -> None:
-        """Free the model (a GPU needs the memory back before training)."""
+        """Free the model (a GPU needs the memory back before training). A streamed answer started SWIFT's
+        worker thread (``TransformersEngine._start_infer_worker``), which loops for ever holding the engine
+        and so the model: it is ended first, by making its next fetch raise :class:`_EngineClosed`, which
+        the thread's exception hook drops without keeping its traceback."""
+        worker = getattr(self.engine, "_task_thread", None)
+        if worker is not None and worker.is_alive():
+            import threading
+
+            def stop():
+                raise _EngineClosed
+
+            def hook(args, previous=threading.excepthook):  # nothing to report, and no traceback kept
+                if not issubclass(args.exc_type, _EngineClosed):  # that would hold the engine alive
+                    previous(args)
+
+            threading.excepthook, before = hook, threading.excepthook
+            try:
+                self.engine._fetch_infer_requests = stop
+                worker.join(timeout=10)
+            finally:
+                threading.excepthook = before
         self.engine = None
         free_memory()
 
@@ -443,6 +523,8 @@ class SftPlan:
     system: str | None = None  # the system prompt; None: the template's own default
     epochs: int | None = None  # --num_train_epochs, used when ``steps`` is None
     warmup_ratio: float = 0.0  # share of the steps over which the learning rate ramps up
+    gpu: bool = False  # the gpu profile's run: its environment names the CUDA devices (also in the gpu shape)
+    inherit: bool = True  # those devices are this process's own (False: a command shown for another machine)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -505,17 +587,18 @@ class SftPlan:
         if self.nproc > 1:
             opts["ddp_backend"] = "gloo" if self.device == "cpu" else "nccl"
             opts["ddp_find_unused_parameters"] = False  # LoRA uses every trainable parameter
-            if self.gradient_checkpointing:
-                opts["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+            # no gradient_checkpointing_kwargs: under DDP SWIFT 4.6 picks use_reentrant=False itself
+            # (swift/trainers/mixin.py; notebook 09, section 1)
         opts.update(self.extra)
         return opts
 
     def env(self) -> dict:
-        """Environment variables the run needs: on GPUs, exactly ``nproc`` visible devices (with more,
-        a single SWIFT process would spread the model over all of them, device_map style)."""
-        if self.device == "cpu":
+        """Environment variables the run needs: on GPUs, exactly ``nproc`` visible devices, the first of the
+        ones this process may use (``launching.visible_gpus``; with more, a single SWIFT process would
+        spread the model over all of them, device_map style)."""
+        if not self.gpu and self.device == "cpu":
             return {}
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(self.nproc))}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(launching.visible_gpus(self.nproc, inherit=self.inherit))}
 
     def cli(self) -> list[str]:
         """The arguments after ``swift sft``."""
@@ -606,10 +689,18 @@ def seed_recipe(
     datasets=HUB_DATASETS,
     device: str = "cuda",
     steps: int | None = None,
+    global_batch: int = SEED_GLOBAL_BATCH,
+    learning_rate: float = 1e-4,
+    max_length: int = 2048,
+    gradient_checkpointing: bool = True,
+    dtype: str = "bfloat16",
+    inherit: bool = True,
 ) -> tuple[SftPlan, str | None]:
     """The seed's ``swift sft`` on ``nproc`` GPUs (one epoch unless ``steps`` is given), and the sentence
-    :func:`nearest_accumulation` says when the global batch of 16 had to change."""
-    accum, note = nearest_accumulation(SEED_GLOBAL_BATCH, nproc)
+    :func:`nearest_accumulation` says when the global batch had to change. The defaults are the seed's;
+    a notebook passes its own knobs (``GLOBAL_BATCH``, ``LEARNING_RATE``, ...) and the profile's dtype
+    (float16 on a GPU without bf16). ``inherit=False``: the command for another machine's GPUs."""
+    accum, note = nearest_accumulation(global_batch, nproc)
     plan = SftPlan(
         model=model,
         datasets=tuple(datasets),
@@ -621,17 +712,37 @@ def seed_recipe(
         per_device_batch=1,
         grad_accum=accum,
         nproc=nproc,
-        learning_rate=1e-4,
+        learning_rate=learning_rate,
         lora_rank=8,
         lora_alpha=32,
-        max_length=2048,
+        max_length=max_length,
         device=device,
-        dtype="bfloat16",
-        gradient_checkpointing=True,
+        dtype=dtype,
+        gradient_checkpointing=gradient_checkpointing,
         system=SYSTEM,
         warmup_ratio=0.05,
+        gpu=True,
+        inherit=inherit,
     )
     return plan, note
+
+
+def sft_process(plan: SftPlan, script, timeout: float = 3600, env=None) -> dict:
+    """``sft_main(SftArguments(**plan.kwargs()))`` in a process of its own: ``script`` (notebook 06 writes
+    it) reads the keywords from a JSON file and writes what sft_main returned. When the process ends the GPU
+    has every byte of the run back, which a run inside the kernel, freed by garbage collection, does not
+    promise (SWIFT documents a 22 GB peak for a 7B LoRA). Returns the script's result."""
+    import sys
+
+    folder = paths.run_dir("sft-from-python", f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}")
+    kwargs_file, result_file = folder / "kwargs.json", folder / "result.json"
+    kwargs_file.write_text(json.dumps(plan.kwargs(), ensure_ascii=False, indent=1))
+    launch = launching.Launch(
+        [sys.executable, script, kwargs_file, result_file], env={**plan.env(), **(env or {})},
+        label=f"sft_main {Path(plan.output_dir).parent.name}", timeout=timeout,
+    )  # fmt: skip
+    launching.run(launch, show=False)
+    return json.loads(result_file.read_text())
 
 
 def shell_command(plan: SftPlan, subcommand: str = "sft", env=None) -> str:
@@ -791,6 +902,7 @@ def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, 
         "checkpoint": str(Path(checkpoint).resolve()),
         "model": info.path,
         "model_type": info.model_type,
+        "hub_id": info.hub_id,
         "template": info.template,
         "model_name": list(pair(name, "MODEL_NAME")),
         "model_author": list(pair(author, "MODEL_AUTHOR")),
@@ -1017,14 +1129,22 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
 class WebUI:
     """``swift web-ui`` on localhost in the background: ``start()``, ``wait()`` for HTTP 200, ``stop()``."""
 
-    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1"):
+    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1", proxied: bool = False):
         self.host, self.port, self.lang = host, port or launching.free_port(), lang
+        self.proxied = proxied  # served through a hosted notebook's port proxy: Gradio's links carry its path
         self.launch = None
         self.pids: set[int] = set()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
+
+    @property
+    def proxy_path(self) -> str:
+        """The page's path behind a hosted notebook's port proxy (jupyter-server-proxy): the server's base
+        path (JupyterHub's ``JUPYTERHUB_SERVICE_PREFIX``, e.g. ``/user/ann/``), then ``proxy/<port>/``."""
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+        return f"/{prefix.strip('/')}/proxy/{self.port}/".replace("//", "/")
 
     def start(self) -> WebUI:
         argv = [
@@ -1039,6 +1159,8 @@ class WebUI:
         ]
         # no usage statistics sent; BROWSER=true: gradio's "open a browser tab" does nothing
         env = {"GRADIO_ANALYTICS_ENABLED": "False", "BROWSER": "true"}
+        if self.proxied:  # Gradio reads it (gradio/blocks.py), not SWIFT: the page's links then work behind the proxy
+            env["GRADIO_ROOT_PATH"] = self.proxy_path
         self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
         self.launch.start()
         atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails

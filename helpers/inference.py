@@ -50,11 +50,12 @@ def recorded_adapter(profile: str) -> dict:
 def base_model(record: dict) -> models.ModelInfo:
     """The base model the adapter was trained on, as SWIFT was given it."""
     return models.ModelInfo(
-        name=Path(record["model"]).name,
+        name=record.get("hub_id") or Path(record["model"]).name,
         path=record["model"],
         source="recorded by notebook 06",
         model_type=record.get("model_type"),
         template=record.get("template"),
+        hub_id=record.get("hub_id"),
     )
 
 
@@ -74,18 +75,14 @@ def _model_flags(info: models.ModelInfo) -> list[str]:
 
     ``--check_model`` is a training flag only: ``swift export`` and ``swift infer`` refuse it.
     """
-    flags = ["--model", str(info.path)]
-    if info.local:  # SWIFT runs no code shipped in the folder (models.local_code_only)
+    flags = ["--model", str(info.swift_model)]
+    if info.local and not info.hub_id:  # SWIFT runs no code shipped in the folder (models.local_code_only)
         flags += ["--external_plugins", str(models.LOCAL_CODE_ONLY)]
     if info.model_type:
         flags += ["--model_type", info.model_type]
     if info.template:
         flags += ["--template", info.template]
     return flags
-
-
-def _dtype(device: str) -> str:
-    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def saved_dtype(model_dir) -> str | None:
@@ -97,8 +94,9 @@ def saved_dtype(model_dir) -> str | None:
     return data.get("dtype") or data.get("torch_dtype")
 
 
-def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
-    """The arguments after ``swift export`` that merge the recorded adapter into ``output_dir``."""
+def export_flags(record: dict, output_dir, dtype: str | None = None) -> list[str]:
+    """The arguments after ``swift export`` that merge the recorded adapter into ``output_dir``, in ``dtype``:
+    by default the dtype notebook 06 trained in (its record), else the base model's own."""
     output_dir = Path(output_dir)
     if output_dir.exists():
         raise CourseError(f"{output_dir} already exists; merge into a new folder (paths.new_output_dir).")
@@ -108,8 +106,8 @@ def export_flags(record: dict, output_dir, device: str = "cpu") -> list[str]:
         *_model_flags(base_model(record)),
         "--merge_lora",
         "true",
-        "--torch_dtype",  # the base model's own dtype, so that the merged model is the same size
-        saved_dtype(base_model(record).path) or _dtype(device),
+        "--torch_dtype",  # the dtype of training, so that the merged model is the one the adapter was trained on
+        dtype or record.get("dtype") or saved_dtype(base_model(record).path) or "float32",
         "--output_dir",
         str(output_dir),
     ]
@@ -120,16 +118,17 @@ def infer_flags(
     questions,
     result,
     max_tokens: int,
-    device: str = "cpu",
+    dtype: str = "float32",
     batch: int = 64,
     system=None,
 ):
-    """The arguments after ``swift infer``: greedy answers to a question file, written to ``result``;
-    ``system``: the system prompt the model was trained with (None: the template's own default)."""
+    """The arguments after ``swift infer``: greedy answers to a question file, written to ``result``, in
+    ``dtype`` (the profile's); ``system``: the system prompt the model was trained with (None: the template's
+    own default)."""
     return [
         *_model_flags(info),
         "--torch_dtype",
-        _dtype(device),
+        dtype,
         "--val_dataset",
         str(questions),
         "--result_path",
@@ -146,15 +145,16 @@ def infer_flags(
     ]
 
 
-def gpu_commands(model: str, system: str | None, max_tokens: int) -> dict[str, str]:
-    """The gpu profile's ``swift export`` and ``swift infer`` for ``model`` as text to copy, on GPU 0.
+def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "bfloat16") -> dict[str, str]:
+    """The gpu profile's ``swift export`` and ``swift infer`` for ``model`` as text to copy, on one GPU (the
+    first this process may use, ``launching.visible_gpus``).
 
     Both are one process. With several GPUs visible, one process spreads the model over all of them
     (swift/model/utils.py, ``get_default_device_map``: "auto" when more devices than processes), so the
     commands keep one GPU visible: a 7B model in bf16 (about 15 GB) fits one 24 GB card. The checkpoint
     and version folders are placeholders for the ones notebook 06 recorded.
     """
-    record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model}
+    record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model, "dtype": dtype}
     merged = "build/outputs/self-cognition-merged/vN/model"
     run = Path(merged).parent
     infer = infer_flags(
@@ -162,12 +162,12 @@ def gpu_commands(model: str, system: str | None, max_tokens: int) -> dict[str, s
         run / QUESTIONS_FILE,
         run / ANSWERS_FILE,
         max_tokens,
-        "cuda",
+        dtype,
         system=system,
     )
     env = launching.gpu_env(1)
     return {
-        "export": launching.swift_text("export", export_flags(record, merged, "cuda"), env),
+        "export": launching.swift_text("export", export_flags(record, merged), env),
         "infer": launching.swift_text("infer", infer, env),
     }
 

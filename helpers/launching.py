@@ -126,6 +126,24 @@ def interruptible() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+LAUNCH_TIMEOUT_CAP = "COURSE_LAUNCH_TIMEOUT"  # seconds no launch may exceed, whatever a cell asks (make gpu-check)
+
+
+def capped(timeout: float) -> float:
+    """``timeout``, or less where ``$COURSE_LAUNCH_TIMEOUT`` sets a smaller limit for every launch: a short
+    check (make gpu-check) stops a hang in minutes, not after the hour a full-size run allows."""
+    cap = os.environ.get(LAUNCH_TIMEOUT_CAP, "").strip()
+    if not cap:
+        return timeout
+    try:
+        limit = float(cap)
+    except ValueError:
+        raise CourseError(
+            f"{LAUNCH_TIMEOUT_CAP}={cap!r} must be a number of seconds, e.g. {LAUNCH_TIMEOUT_CAP}=300."
+        ) from None
+    return min(timeout, limit)
+
+
 def free_port() -> int:
     """A TCP port nobody is listening on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -334,7 +352,9 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
     LaunchError when any launch exits non-zero; in every case no process is left running.
     """
     interruptible()
-    timeout = timeout or max(launch.timeout for launch in launches)
+    asked = timeout or max(launch.timeout for launch in launches)
+    timeout = capped(asked)
+    limit = f"{timeout:g} s" + (f" ({LAUNCH_TIMEOUT_CAP}, for {asked:g} s asked)" if timeout < asked else "")
     tags = {
         id(launch): (f"[{launch.label}] " if len(launches) > 1 and launch.label else "")
         for launch in launches
@@ -366,7 +386,7 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
                 ]
                 stopped = sum(launch.stop() for launch in launches)
                 raise LaunchTimeout(
-                    f"the job did not finish within {timeout:g} s, so all {stopped} of its processes "
+                    f"the job did not finish within {limit}, so all {stopped} of its processes "
                     "were stopped. Its last lines:\n    "
                     + "\n    ".join(paths.relative_text(line) for line in tail)
                     + "\n  Raise `timeout=` if it is just slow, or see notebook 09 on debugging hangs."
@@ -479,11 +499,33 @@ def _swift_finished(subcommand: str, env: dict) -> str:
     return "End time of running main"
 
 
-def gpu_env(gpus: int, torchrun: bool = False) -> dict:
+def visible_gpus(count: int, first: int = 0, inherit: bool = True) -> list[str]:
+    """The CUDA devices a launch of ``count`` GPUs should see, from the ``first`` of this machine's own.
+
+    A process started with ``CUDA_VISIBLE_DEVICES`` set (a shared server giving this learner GPUs 4 and 5)
+    may use only those: the launch gets entries ``first .. first + count - 1`` of that list, never the
+    machine's GPUs 0..n-1. Without the variable they are 0..count-1 (offset by ``first``). ``inherit=False``
+    ignores the variable: for commands printed for another machine, with ``count`` GPUs of its own.
+    """
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() if inherit else ""
+    if not inherited:
+        return [str(i) for i in range(first, first + count)]
+    own = [d.strip() for d in inherited.split(",") if d.strip()]
+    if first + count > len(own):
+        raise CourseError(
+            f"a launch on {count} GPU{'s' if count > 1 else ''} (from the {first + 1}. on) needs more than the "
+            f"{len(own)} this process may use (CUDA_VISIBLE_DEVICES={inherited}); ask for fewer (NPROC), or start "
+            "JupyterLab with more GPUs visible."
+        )
+    return own[first : first + count]
+
+
+def gpu_env(gpus: int, torchrun: bool = False, inherit: bool = True) -> dict:
     """The environment of a ``swift`` command with one process per GPU on ``gpus`` GPUs: exactly those
-    devices visible, and ``NPROC_PER_NODE`` where SWIFT must start torchrun (several processes, or
-    ``torchrun``: DeepSpeed needs it even for one, see :func:`prepare_swift`)."""
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
+    devices visible (:func:`visible_gpus`: the first of this process's own), and ``NPROC_PER_NODE`` where
+    SWIFT must start torchrun (several processes, or ``torchrun``: DeepSpeed needs it even for one, see
+    :func:`prepare_swift`). ``inherit=False``: the command for another machine with ``gpus`` GPUs."""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(gpus, inherit=inherit))}
     return {**env, "NPROC_PER_NODE": str(gpus)} if gpus > 1 or torchrun else env
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,16 +58,23 @@ class ModelInfo:
     source: str  # where it came from, in words
     model_type: str | None = None  # SWIFT --model_type, needed for local Llama-architecture dirs
     template: str | None = None  # SWIFT --template
+    hub_id: str | None = None  # the ModelScope id a downloaded model came from: what SWIFT is given
 
     @property
     def local(self) -> bool:
         return Path(self.path).is_dir()
 
+    @property
+    def swift_model(self) -> str:
+        """What ``--model`` names: the hub id for a model from ModelScope (SWIFT finds it in the same
+        cache, so the command is the one a learner types), else the folder."""
+        return self.hub_id or self.path
+
     def swift_args(self) -> list[str]:
-        """The SWIFT flags that point at this model (offline flags for local directories, and for them the
-        plugin that stops SWIFT from running code shipped in the folder: :func:`local_code_only`)."""
-        args = ["--model", self.path]
-        if self.local:
+        """The SWIFT flags that point at this model: its hub id, or a local directory with the offline flags
+        and the plugin that stops SWIFT from running code shipped in the folder (:func:`local_code_only`)."""
+        args = ["--model", self.swift_model]
+        if self.local and not self.hub_id:
             args += ["--check_model", "false", "--external_plugins", str(LOCAL_CODE_ONLY)]
         if self.model_type:
             args += ["--model_type", self.model_type]
@@ -345,8 +353,71 @@ def tiny_qwen2(force: bool = False) -> ModelInfo:
 # --- gpu: ModelScope ---------------------------------------------------------------------------
 
 
+# Disk the gpu profile's route takes, in GB: the seed's model, 09's base model, 07's merged copy (each about
+# 15.2 GB in bf16), plus adapters, checkpoints and hub data (a few GB).
+HUB_SIZES_GB = {"Qwen/Qwen2.5-7B-Instruct": 15.3, "Qwen/Qwen2.5-7B": 15.3}
+GPU_ROUTE_GB = 50
+
+
+def modelscope_cache() -> Path:
+    """Where the modelscope client keeps downloads: ``$MODELSCOPE_CACHE``, else ~/.cache/modelscope/hub."""
+    return Path(os.environ.get("MODELSCOPE_CACHE") or Path.home() / ".cache" / "modelscope" / "hub").expanduser()
+
+
+def free_gb(folder) -> float:
+    """Free space, in GB, on the disk that holds ``folder`` (or its nearest existing parent)."""
+    folder = Path(folder).resolve()
+    while not folder.exists():
+        folder = folder.parent
+    return shutil.disk_usage(folder).free / 1e9
+
+
+def check_space(folder, need_gb: float, what: str) -> None:
+    """Stop with one sentence when the disk under ``folder`` has less than ``need_gb`` GB free for ``what``."""
+    free = free_gb(folder)
+    if free < need_gb:
+        raise CourseError(
+            f"{what} needs about {need_gb:.0f} GB of disk and {folder} has {free:.1f} GB free; free some space, "
+            "or point MODELSCOPE_CACHE (downloads) and COURSE_OUTPUTS_DIR (trained models) at a larger volume."
+        )
+
+
+def _cached(model_id: str) -> Path | None:
+    """The model's folder in the modelscope cache when a complete download is there (its config.json)."""
+    masked = model_id.replace(".", "___")  # the client stores Qwen2.5 as Qwen2___5
+    for name in (masked, model_id):
+        for folder in (modelscope_cache() / "models" / name, modelscope_cache() / name):
+            if (folder / "config.json").is_file():
+                return folder
+    return None
+
+
+def gpu_route_space(outputs) -> str:
+    """Before the gpu profile's first download: what the route through 05-09 downloads and writes, checked
+    against the free space (one sentence when short). The downloads go to the modelscope cache, what 06 and
+    07 write to ``outputs``; a model already in the cache counts as downloaded."""
+    from helpers.profiles import GPU_DEFAULT_MODEL
+
+    to_fetch = {m: gb for m, gb in HUB_SIZES_GB.items() if _cached(m) is None}
+    written = HUB_SIZES_GB[GPU_DEFAULT_MODEL] + 2  # 07's merged copy, and 06's adapters and checkpoints
+    if to_fetch:
+        check_space(modelscope_cache(), sum(to_fetch.values()) + 1, f"downloading {' and '.join(to_fetch)}")
+    check_space(outputs, written, "what notebooks 06 and 07 write (adapters, checkpoints, a merged 7B model)")
+    fetch = sum(to_fetch.values())
+    hours = ", ".join(f"{fetch * 1e3 / rate / 3600:.1f} h at {rate} MB/s" for rate in (10, 50))
+    return (
+        f"The gpu route needs about {GPU_ROUTE_GB} GB of disk: {' and '.join(HUB_SIZES_GB)} "
+        f"({' + '.join(f'{gb:.1f}' for gb in HUB_SIZES_GB.values())} GB in {modelscope_cache()}), then a merged "
+        f"copy and adapters (about {written:.0f} GB in {outputs}). "
+        + (f"Still to download: {fetch:.1f} GB ({hours})." if to_fetch else "Both models are in the cache already.")
+    )
+
+
 def from_modelscope(model_id: str) -> ModelInfo:
-    """Download ``model_id`` with the modelscope client (cached), for the gpu profile."""
+    """Download ``model_id`` with the modelscope client (cached), for the gpu profile; before a download, the
+    free space in the cache is checked against the model's size where it is known (:data:`HUB_SIZES_GB`)."""
+    if _cached(model_id) is None and model_id in HUB_SIZES_GB:
+        check_space(modelscope_cache(), HUB_SIZES_GB[model_id] + 1, f"downloading {model_id}")
     from modelscope import snapshot_download
 
     try:
@@ -357,7 +428,7 @@ def from_modelscope(model_id: str) -> ModelInfo:
             f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); check the id and the network, "
             "or give a local model directory."
         ) from None
-    return ModelInfo(name=model_id, path=path, source=f"ModelScope {model_id}")
+    return ModelInfo(name=model_id, path=path, source=f"ModelScope {model_id}", hub_id=model_id)
 
 
 def local(path: str) -> ModelInfo:
@@ -392,15 +463,49 @@ def provide(profile) -> ModelInfo:
 # --- using a model -----------------------------------------------------------------------------
 
 
-def load(info: ModelInfo, device: str = "cpu"):
-    """(model, tokenizer) with transformers, in eval mode, float32 on CPU and bfloat16 on CUDA."""
+# Every model this kernel loaded through the course (load, finetune.Chat), held weakly: release() checks
+# that none is still alive once a notebook is done with them.
+_LOADED: weakref.WeakSet = weakref.WeakSet()
+
+
+def hold(model):
+    """Remember ``model`` (weakly) as one this kernel loaded, for :func:`release`; returns it."""
+    _LOADED.add(model)
+    return model
+
+
+def load(info: ModelInfo, device: str = "cpu", dtype: str | None = None):
+    """(model, tokenizer) with transformers, in eval mode; ``dtype`` (e.g. ``profile.dtype``) defaults to
+    float32 on the CPU and bfloat16 on CUDA. On CUDA it goes to the first GPU this process sees."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(info.path)
     model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype).to(device).eval()
-    return model, tokenizer
+    return hold(model), tokenizer
+
+
+def release() -> str:
+    """At the end of a notebook: collect every model it loaded, hand the GPU's cached memory back to the driver,
+    and check that none is still held (a name still pointing at one keeps its memory for the kernel's lifetime;
+    in JupyterLab the kernel outlives the notebook's last cell). Returns what it found, in one line."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    alive = [type(m).__name__ for m in list(_LOADED)]
+    if alive:
+        raise CourseError(
+            f"{len(alive)} model(s) loaded by this notebook are still referenced ({', '.join(alive)}); delete the "
+            "names that hold them (del model) and run this cell again."
+        )
+    if not torch.cuda.is_available():
+        return "No model is held by this kernel any more."
+    torch.cuda.empty_cache()
+    held = sum(torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count()))
+    return f"No model is held by this kernel any more; GPU memory it still allocates: {held / 2**20:.0f} MiB."
 
 
 def chat(model, tokenizer, question: str, max_new_tokens: int = 64) -> str:

@@ -31,14 +31,21 @@ def relative_text(text: str) -> str:
     return text
 
 
+def _from_environment(variable: str, default: Path) -> Path:
+    """The folder ``$variable`` names, a relative one read from the repository root (the same folder
+    whether a notebook's kernel, started in notebooks/, or a shell at the root reads it), or ``default``."""
+    value = os.environ.get(variable)
+    return (ROOT / value).resolve() if value else default.resolve()
+
+
 def build_dir() -> Path:
     """The folder a run writes to: ``$COURSE_BUILD_DIR`` or ``build/`` in the repository."""
-    return Path(os.environ.get("COURSE_BUILD_DIR", ROOT / "build")).resolve()
+    return _from_environment("COURSE_BUILD_DIR", ROOT / "build")
 
 
 def models_dir() -> Path:
     """Converted and generated models are kept here and reused across runs."""
-    return Path(os.environ.get("COURSE_MODELS_DIR", ROOT / "build" / "models")).resolve()
+    return _from_environment("COURSE_MODELS_DIR", ROOT / "build" / "models")
 
 
 def run_dir(*parts: str) -> Path:
@@ -50,7 +57,7 @@ def run_dir(*parts: str) -> Path:
 
 def outputs_dir() -> Path:
     """Where what a learner trains lives (adapters, checkpoints, merged models); `make clean` keeps it."""
-    return Path(os.environ.get("COURSE_OUTPUTS_DIR", ROOT / "build" / "outputs")).resolve()
+    return _from_environment("COURSE_OUTPUTS_DIR", ROOT / "build" / "outputs")
 
 
 def new_output_dir(name: str) -> Path:

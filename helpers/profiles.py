@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from helpers import environment
@@ -36,6 +36,8 @@ class Profile:
     gpus: int  # CUDA devices visible
     model: str | None  # a local model directory or a ModelScope id; None: the profile's default
     knobs: dict = field(default_factory=dict)
+    dtype: str = "float32"  # the weights' dtype in training, merging and inference: see :func:`gpu_dtype`
+    note: str = ""  # a sentence for the learner when the profile had to adapt (:func:`with_ranks`)
 
     @property
     def smoke(self) -> bool:
@@ -68,6 +70,7 @@ class Profile:
             "backend": self.backend,
             "processes": self.nproc,
             "GPUs visible": self.gpus,
+            "dtype": self.dtype,
             "model": self.model or "(profile default)",
         }
 
@@ -83,6 +86,50 @@ def count_gpus() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def bf16_supported() -> bool:
+    """True where bfloat16 is computed natively: a GPU of the Ampere generation or later (A100, RTX 30xx,
+    H100...); T4 and V100 have no bf16. The CPU has it (the gpu shape on the CPU)."""
+    import torch
+
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def gpu_dtype() -> tuple[str, str]:
+    """The gpu profile's dtype, and why: bfloat16 where the GPU has it, else float16."""
+    if bf16_supported():
+        return "bfloat16", "this device computes in bfloat16, the dtype Qwen2.5's weights are saved in"
+    return "float16", (
+        "this GPU has no bfloat16 (T4 and V100 do not; Ampere and later do), so weights, training, merging "
+        "and inference use float16"
+    )
+
+
+def with_ranks(profile: Profile, minimum: int = 2, even: bool = False) -> Profile:
+    """The profile of a lesson whose ranks must talk to each other: at least ``minimum`` of them (an even
+    number with ``even``). On the gpu profile each rank has its own GPU, so with fewer GPUs than that the
+    lesson runs ``minimum`` ranks on the CPU over gloo with the cpu profile's sizes (nccl cannot put two
+    ranks on one GPU), and with an odd count where an even one is needed one GPU sits out. The returned
+    profile's ``note`` says which, in one sentence; other profiles come back unchanged."""
+    if profile.name != "gpu":
+        return profile
+    usable = profile.nproc - (profile.nproc % 2 if even else 0)
+    if usable >= minimum:
+        if usable == profile.nproc:
+            return profile
+        note = f"{profile.nproc} processes, and this lesson needs an even number: it uses {usable} of the GPUs."
+        return replace(profile, nproc=usable, note=note, reason=f"{profile.reason}; {note}")
+    ranks = minimum + (minimum % 2 if even else 0)
+    note = (
+        f"{profile.nproc} GPU rank{'s' if profile.nproc > 1 else ''} cannot show ranks talking to each other "
+        f"(one GPU holds one nccl rank), so this lesson runs {ranks} ranks on the CPU over gloo, with the cpu "
+        "profile's sizes."
+    )
+    return replace(
+        profile, name="cpu", device="cpu", backend="gloo", nproc=ranks, dtype="float32", note=note,
+        reason=f"{profile.reason}; {note}",
+    )  # fmt: skip
 
 
 def _choices(values) -> str:
@@ -183,6 +230,7 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
     else:
         check_int("NPROC", nproc, 1)
     on_cuda = name == "gpu" and not stand_in
+    dtype = gpu_dtype()[0] if name == "gpu" else "float32"
     return Profile(
         name=name,
         requested=profile,
@@ -193,4 +241,5 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
         gpus=gpus,
         model=_check_model(model, name),
         knobs=dict(knobs),
+        dtype=dtype,
     )

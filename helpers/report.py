@@ -49,15 +49,28 @@ def record(name: str, value, unit: str = "", note: str = "") -> None:
         print(text)
 
 
+def reset_gpu_peak() -> None:
+    """Start a new GPU memory measurement: forget the peaks so far on every GPU this process sees."""
+    import torch
+
+    if torch.cuda.is_available():
+        for device in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(device)
+
+
 def gpu_peak(label: str) -> float | None:
-    """Record the most GPU memory this process has held at once (``torch.cuda.max_memory_allocated``, GiB)
-    as ``<label>_gpu_peak_gib``; nothing without CUDA. Returns the value, or None."""
+    """Record the most GPU memory this process held since :func:`reset_gpu_peak`, summed over every GPU it
+    sees (a model placed with device_map lies on several), as ``<label>_gpu_peak_gib``; nothing without
+    CUDA. Returns the value in GiB, or None. Each device's peak may fall at another moment, so the sum is an
+    upper bound on what was held at once."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    record(f"{label}_gpu_peak_gib", peak, "GiB", note="torch.cuda.max_memory_allocated in the kernel")
+    count = torch.cuda.device_count()
+    peak = sum(torch.cuda.max_memory_allocated(d) for d in range(count)) / 2**30
+    where = f"summed over {count} GPUs" if count > 1 else "one GPU"
+    record(f"{label}_gpu_peak_gib", peak, "GiB", note=f"torch.cuda.max_memory_allocated since the reset, {where}")
     return peak
 
 

@@ -24,6 +24,7 @@ from unittest import mock
 import torch
 from torch import nn
 
+from helpers import launching
 from helpers.errors import CourseError
 from helpers.exercises import Wrong, call, checker, close, items, number, shown
 from helpers.parallelism import BF16_MIXED_ADAM, FP32_ADAM, Recipe
@@ -217,15 +218,17 @@ def sample_inputs(model_path: str, batch: int, tokens: int, device="cpu") -> dic
     return {"input_ids": ids.to(device)}
 
 
-def place_on_gpus(model_path: str, devices: int):
-    """Load the model in bfloat16 really split over GPUs 0..devices-1 with ``device_map="auto"``."""
+def place_on_gpus(model_path: str, devices: int, dtype: str = "bfloat16"):
+    """Load the model in ``dtype`` really split over this kernel's GPUs 0..devices-1 with ``device_map="auto"``."""
     from transformers import AutoModelForCausalLM
+
+    from helpers import models
 
     caps = {i: torch.cuda.get_device_properties(i).total_memory * 9 // 10 for i in range(devices)}
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.bfloat16, device_map="auto", max_memory=caps
+        model_path, dtype=getattr(torch, dtype), device_map="auto", max_memory=caps
     )
-    return model.eval(), dict(model.hf_device_map)
+    return models.hold(model.eval()), dict(model.hf_device_map)
 
 
 # --- 2. DDP + device_map: SWIFT's grouping ------------------------------------------------------------
@@ -311,7 +314,7 @@ def mp_ddp_layout(n_gpu: int, nproc: int = 2) -> dict:
         )
     return {
         "GPUs": used,
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(used)),
+        "CUDA_VISIBLE_DEVICES": ",".join(launching.visible_gpus(used)),  # the first of this process's own
         "GPUs per rank": [swift_devices(r, used, nproc) for r in range(nproc)],
         "note": note,
     }

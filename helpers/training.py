@@ -78,13 +78,13 @@ def check_layout(samples: int, world: int, batch: int, accum: int) -> int:
     return samples // per_step
 
 
-def check_world(nproc: int, profile_name: str) -> None:
-    """This lesson splits its ranks over two simulated nodes: it needs an even number of processes."""
+def check_world(nproc: int) -> None:
+    """This lesson splits its ranks over two simulated nodes: it needs an even number of processes (on GPUs
+    ``profiles.with_ranks`` has already made it one)."""
     if nproc < 2 or nproc % 2:
-        hint = " (one GPU is not enough: use PROFILE = 'cpu')" if profile_name == "gpu" else ""
         raise CourseError(
-            f"NPROC = {nproc} does not work here{hint}; this lesson needs an even number of processes, "
-            "at least 2, so that they split over two simulated nodes."
+            f"NPROC = {nproc} does not work here; this lesson needs an even number of processes, at least 2, "
+            "so that they split over two simulated nodes: set NPROC = 2 (or None)."
         )
 
 
@@ -98,11 +98,14 @@ def check_kill_at(kill_at: int, save_every: int, total_steps: int) -> None:
 
 
 def node_env(profile, node_rank: int) -> dict:
-    """Environment for one simulated node: on GPUs each node sees its own half of the devices."""
+    """Environment for one simulated node: on GPUs each node sees its own half of the devices this process
+    may use (``launching.visible_gpus``: on a server that gave it GPUs 4-7, node 0 gets 4,5 and node 1 6,7)."""
+    from helpers.launching import visible_gpus
+
     if profile.device != "cuda":
         return {}
     half = profile.nproc // 2
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(node_rank * half + i) for i in range(half))}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
 
 
 def swift_launch_env() -> list[str]:

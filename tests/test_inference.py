@@ -99,9 +99,9 @@ def test_export_flags_merge_into_a_new_folder_and_are_export_arguments(tmp_path)
     assert flags["output_dir"] == str(tmp_path / "v1" / "model")
     assert "check_model" not in flags, "swift export refuses the training-only --check_model"
     assert set(flags) <= {f.name for f in dataclasses.fields(ExportArguments)}
-    assert (
-        flags_to_dict(inference.export_flags(record, tmp_path / "new", "cuda"))["torch_dtype"] == "bfloat16"
-    )
+    assert flags_to_dict(inference.export_flags(record, tmp_path / "new", "float16"))["torch_dtype"] == "float16"
+    trained = {**record, "dtype": "bfloat16"}  # the dtype notebook 06 trained in, as it recorded it
+    assert flags_to_dict(inference.export_flags(trained, tmp_path / "new"))["torch_dtype"] == "bfloat16"
     (tmp_path / "taken").mkdir()
     with pytest.raises(CourseError, match="already exists"):
         inference.export_flags(record, tmp_path / "taken")
@@ -311,6 +311,22 @@ def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
         inference.stream(chat, "Who are you?")
 
 
+def test_closing_an_engine_that_streamed_lets_its_model_go(tiny_adapter):
+    """Streaming starts SWIFT's worker thread, which loops for ever holding the engine: on a GPU the model's
+    memory would stay taken for the kernel's lifetime (notebook 07's last cell found it)."""
+    import gc
+    import weakref
+
+    info, adapter, _ = tiny_adapter
+    chat = finetune.Chat(info, adapter=adapter)
+    inference.stream(chat, "Who are you?", max_tokens=3, out=lambda *a, **k: None)
+    model = weakref.ref(chat.engine.model)
+    worker = chat.engine._task_thread
+    chat.close()
+    gc.collect()
+    assert not worker.is_alive() and model() is None
+
+
 # --- scores ------------------------------------------------------------------------------------------------
 
 
@@ -347,14 +363,16 @@ def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):
         "template": "qwen2_5",
         "checkpoint": "/a/checkpoint-4",
     }
-    assert flags_to_dict(inference.export_flags(record, tmp_path / "m1", "cpu"))["torch_dtype"] == "bfloat16"
+    assert flags_to_dict(inference.export_flags(record, tmp_path / "m1"))["torch_dtype"] == "bfloat16"
     (base / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
-    assert flags_to_dict(inference.export_flags(record, tmp_path / "m2", "cuda"))["torch_dtype"] == "float32"
+    assert flags_to_dict(inference.export_flags(record, tmp_path / "m2"))["torch_dtype"] == "float32"
     assert inference.saved_dtype(tmp_path / "nowhere") is None
 
 
-def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments():
+def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments(monkeypatch):
     from swift.arguments import ExportArguments, InferArguments
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", finetune.SYSTEM, 96)
     assert [line.split(" \\")[0] for line in (shown["export"].splitlines()[0], shown["infer"].splitlines()[0])] == [

@@ -37,12 +37,45 @@ def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
     assert row == "| gap | 0.5 | \\|a - b\\| over two lines |"
 
 
+class FakeAllocator:
+    """torch.cuda's peak counters for ``devices`` GPUs: each device's peak, and which devices were reset."""
+
+    def __init__(self, devices: int):
+        self.peaks = {d: 0 for d in range(devices)}
+        self.reset = []
+
+    def install(self, monkeypatch):
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.peaks))
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peaks[device or 0])
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self._reset)
+
+    def _reset(self, device=None):
+        self.reset.append(device or 0)
+        self.peaks[device or 0] = 0
+
+
 def test_gpu_peak_records_only_where_cuda_ran(monkeypatch, capsys):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report.reset_gpu_peak()  # nothing to reset without CUDA
     assert report.gpu_peak("07") is None and capsys.readouterr().out == ""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    fake = FakeAllocator(1)
+    fake.install(monkeypatch)
+    fake.peaks[0] = 3 * 2**30
     assert report.gpu_peak("07") == 3.0
     assert "07_gpu_peak_gib = 3" in capsys.readouterr().out
+
+
+def test_gpu_peak_starts_at_the_reset_and_sums_every_device(monkeypatch):
+    """A model placed with device_map lies on several GPUs, and an earlier measurement's peak is not this one's."""
+    fake = FakeAllocator(2)
+    fake.install(monkeypatch)
+    fake.peaks.update({0: 20 * 2**30, 1: 0})  # an earlier, larger load on GPU 0
+    report.reset_gpu_peak()
+    assert sorted(fake.reset) == [0, 1]
+    fake.peaks.update({0: 4 * 2**30, 1: 3 * 2**30})  # this measurement: a model split over two GPUs
+    assert report.gpu_peak("08") == 7.0
