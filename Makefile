@@ -8,9 +8,14 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LAB_PORT ?= 8888
 KEEP ?=
 DRY ?=
-GPU_PYTHON ?= python3
+NPROC ?=
+SHAPE_ON_CPU ?=
+# the python of `make gpu-check` on a GPU: the venv's, which `COURSE_KEEP_TORCH=1 make setup` builds beside a
+# CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
+GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book
+.PHONY: help setup run test lint unit unit-main unit-long unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book \
+	gpu-shape-1 gpu-shape-2 gpu-shape-2-then-long
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
@@ -18,7 +23,8 @@ help:
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
-	@echo "make gpu-check  the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands)"
+	@echo "make gpu-check  the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands;"
+	@echo "               SHAPE_ON_CPU=1 NPROC=1 runs the same in its gpu shape on the CPU)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
 	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
@@ -33,20 +39,28 @@ run: setup
 lint: setup
 	$(BIN)/ruff check --no-cache conftest.py helpers tests notebooks book
 
-# The longest unit tests (LONG: notebooks 06-09 in their gpu shape, about 5 minutes of SWIFT runs; the
-# site crawled in Chromium; the GPU-image install path) run beside the others, each pytest session in its
-# own build/test folder: on 2 cores two streams take little longer than the longer one alone. Each
-# stream's output follows when it ends.
+# The longest tests run beside the others, each pytest session in its own build/test folder: `make gpu-check
+# SHAPE_ON_CPU=1` for 1 process and for 2 (tests/test_gpu_shape.py, one make run each, the notebooks of
+# GPU_CHECK as a GPU runs them), the site crawled in Chromium, the GPU-image install path. Each stream's
+# output follows when it ends.
 unit: setup
 	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-main gpu-shape-1 gpu-shape-2-then-long
 
-LONG := tests/test_gpu_shape.py tests/test_book.py tests/test_install.py
+SHAPE := tests/test_gpu_shape.py
+LONG := tests/test_book.py tests/test_install.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra $(addprefix --ignore=,$(LONG))
+	$(BIN)/python -m pytest tests -ra $(addprefix --ignore=,$(SHAPE) $(LONG))
 
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
+
+gpu-shape-1 gpu-shape-2:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
+		-k "$(subst gpu-shape-,,$@)-process"
+
+gpu-shape-2-then-long: gpu-shape-2
+	@$(MAKE) --no-print-directory unit-long
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
@@ -54,10 +68,11 @@ notebooks: setup
 	COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning $(BIN)/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
-# make test: lint, then two streams side by side: the unit tests followed by the notebooks, and LONG.
+# make test: lint, then three streams side by side on the machine's cores: the unit tests followed by the
+# notebooks; make gpu-check in its gpu shape for 1 process; the same for 2, followed by LONG.
 test: lint
-	@echo "unit tests then notebook tests, with the longest unit tests beside them (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-then-notebooks unit-long
+	@echo "unit tests then notebook tests, with the longest tests beside them (each stream's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-then-notebooks gpu-shape-1 gpu-shape-2-then-long
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m helpers.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
@@ -83,14 +98,19 @@ clean:
 prune: setup
 	@$(BIN)/python -m helpers.runner prune --keep "$(KEEP)"
 
-# On a GPU machine the image's own torch is used: GPU_PYTHON is its python, with the course's other
-# packages installed beside it (README: "On GPUs"); DRY=1 needs no GPU and runs in CI.
+# On a GPU machine GPU_PYTHON (the venv's python, with a CUDA torch: docs/gpu.md) runs it; it needs no set-up
+# here, which would put the lock's CPU torch into .venv. DRY=1 prints the commands and needs no GPU;
+# SHAPE_ON_CPU=1 runs exactly those commands in the gpu shape on the CPU (make test runs NPROC=1 and NPROC=2).
+GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)),--shape-on-cpu)
 gpu-check:
 ifeq ($(DRY),1)
 	@$(MAKE) --no-print-directory setup
-	@$(BIN)/python -m helpers.runner gpu-check --dry
+	@$(BIN)/python -m helpers.runner gpu-check --dry $(GPU_CHECK_ARGS)
+else ifeq ($(SHAPE_ON_CPU),1)
+	@$(MAKE) --no-print-directory setup
+	@$(BIN)/python -m helpers.runner gpu-check $(GPU_CHECK_ARGS)
 else
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.runner gpu-check
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.runner gpu-check $(GPU_CHECK_ARGS)
 endif
 
 lock:

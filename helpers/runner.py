@@ -8,6 +8,7 @@ renders build/html/ and build/index.html, writes build/report.md and build/repor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import json
 import os
@@ -100,6 +101,18 @@ class NotebookRun:
     html: str = ""
 
 
+@dataclass
+class Job:
+    """One notebook to execute: papermill's input and output, parameters, cell timeout, kernel folder."""
+
+    notebook: Path
+    out: Path
+    parameters: dict
+    cell_timeout: int
+    cwd: Path | None = None  # None: notebooks/ (paths.NOTEBOOKS when it runs)
+    kernel: str = "python3"
+
+
 def _first_code_line(source: str) -> str:
     for line in source.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
@@ -134,8 +147,11 @@ def execute(
     parameters: dict,
     progress: bool = True,
     cell_timeout: int = CELL_TIMEOUT["cpu"],
+    cwd: Path | None = None,
+    kernel: str = "python3",
 ) -> NotebookRun:
-    """Run one notebook with papermill (kernel working directory: notebooks/)."""
+    """Run one notebook with papermill (kernel working directory: ``cwd``, notebooks/ by default); whatever
+    its launches left running when it ends (a cell timed out, the kernel died) is stopped."""
     import nbformat
     import papermill as pm
 
@@ -144,13 +160,14 @@ def execute(
     os.environ["COURSE_NOTEBOOK"] = notebook.stem
     start = time.perf_counter()
     with PeakMemory() as memory:
+        before = {child.pid for child in psutil.Process().children()}
         try:
             pm.execute_notebook(
                 str(notebook),
                 str(out),
                 parameters=parameters or None,
-                cwd=str(paths.NOTEBOOKS),
-                kernel_name="python3",
+                cwd=str(cwd or paths.NOTEBOOKS),
+                kernel_name=kernel,
                 progress_bar=progress,
                 execution_timeout=cell_timeout,
                 kernel_manager_class=_ipc_kernel_manager(),
@@ -172,6 +189,9 @@ def execute(
                 "error": type(exc).__name__,
                 "message": str(exc).splitlines()[0],
             }
+        left = stop_children(exclude=before)  # the kernel is gone: what still runs was left by a failure
+    if left and run.status == "passed":
+        print(f"{notebook.name}: {left} process(es) it left running were stopped.", flush=True)
     run.seconds = round(time.perf_counter() - start, 1)
     run.peak_memory_mb = round(memory.peak / 2**20, 1)
     run.executed = str(out)
@@ -180,11 +200,25 @@ def execute(
     return run
 
 
-def stop_children() -> int:
-    """Stop every process this one started (the kernel and whatever it launched); how many stopped."""
+def stop_children(exclude=()) -> int:
+    """Stop every process this one started (the kernel and whatever it launched), but those in ``exclude``
+    (pids); how many stopped. Where the runner is a subreaper (:func:`adopt_orphans`), that includes what a
+    dead kernel's launches left behind."""
     from helpers.launching import kill_tree
 
-    return sum(kill_tree(child.pid) for child in psutil.Process().children())
+    return sum(kill_tree(child.pid) for child in psutil.Process().children() if child.pid not in exclude)
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of everything below it (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a
+    launch whose kernel died (a cell timeout shuts the kernel down, and torchrun's workers run in sessions of
+    their own) is then reparented here rather than to init, so :func:`stop_children` still finds it."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
 
 
 def running_cell(executed: Path) -> tuple[int | None, str]:
@@ -363,38 +397,40 @@ def _provide_model(profile: str) -> str:
 
 
 def run_course(
-    profile: str = "auto", only=None, build: Path | None = None, progress: bool = True, parameters_for=None
+    profile: str = "auto", only=None, build: Path | None = None, progress: bool = True, jobs=None
 ) -> int:
-    """Execute the notebooks into ``build``; ``parameters_for(notebook)``, when given, sets each one's
-    parameters (``make gpu-check``); otherwise only PROFILE is passed. Returns the exit status."""
+    """Execute the notebooks into ``build`` with only PROFILE passed, or, when given, the :class:`Job` s
+    ``jobs`` (``make gpu-check``: each with its own parameters and timeout). Returns the exit status."""
     build = Path(build or paths.build_dir()).resolve()
     build.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_BUILD_DIR"] = str(build)  # the notebooks' own outputs go there too
-    notebooks = course_notebooks(only)
-    if not notebooks:
+    from helpers import profiles
+
+    if jobs is None:
+        chosen = profiles.resolve(profile).name
+        parameters = {} if profile == "auto" else {"PROFILE": profile}
+        jobs = [Job(nb, build / "executed" / nb.name, parameters, CELL_TIMEOUT[chosen]) for nb in course_notebooks(only)]
+    else:
+        chosen = profile
+    if not jobs:
         print(f"No notebooks match {only}.", file=sys.stderr)
         return 2
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.perf_counter()
     model_note = _provide_model(profile)
-    from helpers import profiles
-
-    chosen = profiles.resolve(profile).name
-    parameters = {} if profile == "auto" else {"PROFILE": profile}
     runs = []
     interrupted = None
-    for i, notebook in enumerate(notebooks, 1):
-        print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
-        out = build / "executed" / notebook.name
+    for i, job in enumerate(jobs, 1):
+        notebook, out = job.notebook, job.out
+        print(f"[{i}/{len(jobs)}] {notebook.name} ...", flush=True)
         started_at = time.perf_counter()
         try:
-            given = parameters_for(notebook) if parameters_for else parameters
-            run = execute(notebook, out, given, progress, CELL_TIMEOUT[chosen])
+            run = execute(notebook, out, job.parameters, progress, job.cell_timeout, job.cwd, job.kernel)
         except KeyboardInterrupt:
             interrupted = _interrupted(notebook, out, time.perf_counter() - started_at)
             runs.append(interrupted)
             runs += [
-                NotebookRun(name=nb.stem, title=title_of(json.loads(nb.read_text()))) for nb in notebooks[i:]
+                NotebookRun(name=j.notebook.stem, title=title_of(json.loads(j.notebook.read_text()))) for j in jobs[i:]
             ]
             break
         run.budget_seconds = BUDGETS.get(notebook.name[:2], {}).get(chosen)
@@ -402,7 +438,7 @@ def run_course(
             run.html = str(build / "html" / f"{notebook.stem}.html")
             render_html(Path(run.executed), Path(run.html))
         mark = "ok" if run.status == "passed" else "FAILED"
-        print(f"[{i}/{len(notebooks)}] {notebook.name}: {mark} in {run.seconds:.0f} s", flush=True)
+        print(f"[{i}/{len(jobs)}] {notebook.name}: {mark} in {run.seconds:.0f} s", flush=True)
         runs.append(run)
     context = {
         "profile": chosen,
@@ -473,14 +509,20 @@ def refresh(only=None) -> int:
 # `make gpu-check`: the gpu profile of 03, 04 and 06-09 on a tiny Qwen2 built on the spot (no download,
 # no network), a few steps each, on a machine with CUDA. MODEL is added where a notebook has it.
 GPU_CHECK = {
-    "03": {"WIDTH": 256, "DEPTH": 8, "ITERS": 3},
-    "04": {},
+    # 03: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03 and 04: the cpu
+    # profile's batches and widths, the sizes of their lessons when one GPU runs their ranks on the CPU
+    "03": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64, "LARGEST_MIB": 16, "LAB_RATES": [1500]},
+    "04": {"BATCH": 32, "HIDDEN": 512, "BENCH_STEPS": 8},
     "06": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1]},  # the path, not the finding
     "07": {"MAX_TOKENS": 16},
     "08": {"HEADROOM_PERCENT": 150, "STEPS": 4, "SWIFT_STEPS": 2},  # the tiny model needs smoke's headroom
-    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
+    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2, "HANG_SECONDS": 10},  # the hub wait and the hang have no device in them
 }
 GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
+# Its own limits: a hang in an 8-minute check must cost minutes, not the hour a full gpu run allows a launch.
+GPU_CHECK_LAUNCH_TIMEOUT = 300  # seconds any one launch may run (COURSE_LAUNCH_TIMEOUT caps every launch)
+GPU_CHECK_CELL_TIMEOUT = 900  # seconds a cell may run: longer than a launch, so a launch's own timeout fires first
+_PAPERMILL_TYPES = (bool, int, float, type(None))
 
 
 def parameter_names(notebook: Path) -> set[str]:
@@ -508,72 +550,207 @@ def gpu_check_parameters(notebook: Path, nproc: int, model: str) -> dict:
     return {k: v for k, v in given.items() if k in names}
 
 
-def gpu_check_commands(nproc: int, model: str, build: Path) -> list[str]:
-    """What ``make gpu-check`` runs on ``nproc`` GPUs: one papermill command per notebook, then the
-    ``swift sft`` command the gpu profile's notebook 06 runs with the seed's recipe on the real model."""
+def papermill_options(parameters: dict) -> list[str]:
+    """``-p NAME value`` where papermill's command line reads the value back as it is (numbers, True/False,
+    None, plain words), else ``-y 'NAME: <JSON>'`` (lists, and strings papermill would read as numbers):
+    ``-p SEEDS '[1]'`` would reach the notebook as the string '[1]'."""
+    from papermill.cli import _resolve_type
+
+    words = []
+    for name, value in parameters.items():
+        if isinstance(value, _PAPERMILL_TYPES) and _resolve_type(str(value)) == value:
+            words += ["-p", name, str(value)]
+        elif isinstance(value, str) and _resolve_type(value) == value:
+            words += ["-p", name, value]
+        else:
+            words += ["-y", f"{name}: {json.dumps(value, ensure_ascii=False)}"]
+    return words
+
+
+def gpu_check_folder() -> Path:
+    """Where ``make gpu-check`` writes everything (executed notebooks, outputs, its tiny model): a folder of
+    its own, so that it never touches the learner's own gpu record, adapters or models."""
+    return paths.build_dir() / "gpu-check"
+
+
+def gpu_check_env(shape_on_cpu: bool = False) -> dict[str, str]:
+    """The environment every notebook of ``make gpu-check`` runs in (paths relative to the repository)."""
+    from helpers import launching, profiles
+
+    folder = Path(paths.shown(gpu_check_folder()))
+    env = {
+        "COURSE_BUILD_DIR": str(folder),
+        "COURSE_OUTPUTS_DIR": str(folder / "outputs"),
+        "COURSE_MODELS_DIR": str(folder / "models"),
+        launching.LAUNCH_TIMEOUT_CAP: str(GPU_CHECK_LAUNCH_TIMEOUT),
+    }
+    if shape_on_cpu:
+        env[profiles.GPU_SHAPE_ON_CPU] = "1"
+    return env
+
+
+def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bool = True) -> str:
+    """What ``make gpu-check`` runs on ``nproc`` GPUs, as a shell script to run from the repository root: the
+    environment, then one papermill command per notebook of GPU_CHECK. ``make gpu-check`` runs exactly these
+    lines (:func:`run_script` reads them with papermill's own command line), and ``DRY=1`` prints them.
+    ``illustrate_seed`` adds, as comments, the ``swift sft`` notebook 06 runs with the seed's model and recipe."""
     import shlex
 
     from helpers import finetune, models, profiles
 
-    lines = []
+    env = gpu_check_env(shape_on_cpu)
+    folder = Path(env["COURSE_BUILD_DIR"])
+    where = "in its gpu shape on the CPU" if shape_on_cpu else f"on {nproc} GPU{'s' if nproc > 1 else ''}"
+    lines = [
+        f"# make gpu-check {where}: the gpu profile on a tiny Qwen2 built on the spot, from the repository root",
+        "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()),
+    ]
+    model = paths.ROOT / env["COURSE_MODELS_DIR"] / models.TINY_QWEN2_DIR  # absolute where it lies outside
+    model = os.path.relpath(model, paths.NOTEBOOKS) if model.is_relative_to(paths.ROOT) else str(model)
     for notebook in course_notebooks(GPU_CHECK):
-        params = gpu_check_parameters(notebook, nproc, model)
-        out = build / "executed" / notebook.name
         argv = [
             "papermill",
             os.path.relpath(notebook, paths.ROOT),
-            os.path.relpath(out, paths.ROOT),
+            str(folder / "executed" / notebook.name),
             "--cwd",
-            "notebooks",
+            "notebooks",  # the kernel starts there, as in JupyterLab; MODEL is relative to it
+            "--execution-timeout",
+            str(GPU_CHECK_CELL_TIMEOUT),
+            "-k",
+            "python3",
+            *papermill_options(gpu_check_parameters(notebook, nproc, model)),
         ]
-        for key, value in params.items():
-            argv += ["-p", key, str(value)]
         lines.append(shlex.join(argv))
-    seed = models.ModelInfo(
-        name=profiles.GPU_DEFAULT_MODEL, path=profiles.GPU_DEFAULT_MODEL, source="ModelScope"
-    )
-    plan, note = finetune.seed_recipe(
-        seed, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
-        model_author=("并行训练营", "Parallel Training Camp"),
-    )  # fmt: skip
-    lines.append(
-        f"# and what notebook 06 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
-        + (f" ({note})" if note else "")
-        + ":\n"
-        + finetune.shell_command(plan)
-    )
-    return lines
+    if illustrate_seed:
+        seed = models.ModelInfo(
+            name=profiles.GPU_DEFAULT_MODEL, path=profiles.GPU_DEFAULT_MODEL, source="ModelScope"
+        )
+        plan, note = finetune.seed_recipe(
+            seed, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
+            model_author=("并行训练营", "Parallel Training Camp"), inherit=False,
+        )  # fmt: skip
+        shown = f"# and what notebook 06 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
+        lines.append(shown + (f" ({note})" if note else "") + ":")
+        lines += ["#   " + line for line in finetune.shell_command(plan).splitlines()]
+    return "\n".join(lines) + "\n"
 
 
-def gpu_check(dry: bool = False, build: Path | None = None, only=None, nproc: int | None = None) -> int:
-    """``make gpu-check``: run the gpu profile on the tiny Qwen2 and write the report; ``dry`` prints the
-    commands for 1 and for 8 GPUs instead, and needs no GPU. ``only``: some of the notebook numbers;
-    ``nproc``: processes per launch (default: one per GPU)."""
+def papermill_call(command: str) -> dict:
+    """The keywords papermill's command line gives ``papermill.execute_notebook`` for ``command`` (one
+    line, as a shell splits it), found by running papermill's own command line with its execution
+    intercepted: the printed text, read exactly as ``papermill`` would read it."""
+    import shlex
+    from unittest import mock
+
+    import papermill.cli
+
+    words = shlex.split(command)
+    if not words or words[0] != "papermill":
+        raise ValueError(f"not a papermill command: {command!r}")
+    seen = {}
+    with mock.patch.object(papermill.cli, "execute_notebook", lambda **kw: seen.update(kw)):
+        papermill.cli.papermill.main(args=words[1:], prog_name="papermill", standalone_mode=False)
+    return seen
+
+
+def read_script(text: str) -> tuple[dict[str, str], list[dict]]:
+    """(environment, papermill calls) of a :func:`gpu_check_script`: its ``export`` lines and, for each
+    ``papermill`` line, :func:`papermill_call`; comment lines are skipped. Any other line is refused."""
+    import shlex
+
+    env, calls = {}, []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.startswith("export "):
+            env.update(word.split("=", 1) for word in shlex.split(line)[1:])
+        elif line.startswith("papermill "):
+            calls.append(papermill_call(line))
+        else:
+            raise ValueError(f"a gpu-check script holds exports and papermill lines only, not {line!r}")
+    return env, calls
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    """``os.environ`` with ``env`` set within the block, as it was after."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def gpu_python_problem() -> str | None:
+    """Why this Python cannot run ``make gpu-check`` on a GPU, in one sentence with the fix; None if it can."""
+    import importlib.util
+
+    from helpers import profiles
+
+    missing = [name for name in ("papermill", "nbformat", "swift", "deepspeed") if importlib.util.find_spec(name) is None]
+    if importlib.util.find_spec("torch") is None:
+        missing.insert(0, "torch")
+    if missing:
+        return (
+            f"make gpu-check: {sys.executable} lacks {', '.join(missing)}; install the course beside a CUDA build "
+            "of torch with `COURSE_KEEP_TORCH=1 make setup` (docs/gpu.md), or set GPU_PYTHON to a python that "
+            "has them."
+        )
+    import torch
+
+    if torch.version.cuda is None:
+        return (
+            f"make gpu-check: the torch of {sys.executable} is {torch.__version__}, a CPU build "
+            "(torch.version.cuda is None), so it sees no GPU; make .venv with the image's CUDA torch "
+            "(`COURSE_KEEP_TORCH=1 make setup`, docs/gpu.md), or check the gpu path on the CPU with "
+            "`make gpu-check SHAPE_ON_CPU=1 NPROC=1`."
+        )
+    if not profiles.count_gpus():
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return (
+            f"make gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU"
+            + (f" (CUDA_VISIBLE_DEVICES={shown!r})" if shown is not None else "")
+            + "; check `nvidia-smi`, or check the gpu path on the CPU with `make gpu-check SHAPE_ON_CPU=1 NPROC=1`."
+        )
+    return None
+
+
+def gpu_check(
+    dry: bool = False, nproc: int | None = None, shape_on_cpu: bool = False, only=None
+) -> int:
+    """``make gpu-check``: run :func:`gpu_check_script` (the gpu profile on the tiny Qwen2) and write the
+    report in its own folder. ``dry``: print the script instead, for 1 and 8 GPUs unless ``nproc`` is given
+    (needs no GPU). ``shape_on_cpu``: the same script in the gpu shape on the CPU (COURSE_GPU_SHAPE_ON_CPU=1:
+    gloo instead of nccl, no CUDA), with ``nproc`` processes per launch (default 1). ``only``: some of the
+    notebook numbers (for trying one by hand; make gpu-check runs them all)."""
     from helpers import models, profiles
 
-    build = Path(build or paths.build_dir() / "gpu-check").resolve()
-    model_dir = paths.models_dir() / models.TINY_QWEN2_DIR
     if dry:
-        for nproc in (1, 8):
-            print(
-                f"# make gpu-check on {nproc} GPU{'s' if nproc > 1 else ''}: the gpu profile on a tiny Qwen2"
-            )
-            print(
-                "\n".join(gpu_check_commands(nproc, os.path.relpath(model_dir, paths.ROOT), build)),
-                end="\n\n",
-            )
+        for count in [nproc] if nproc else [1, 8]:
+            print(gpu_check_script(count, shape_on_cpu))
         return 0
-    gpus = profiles.count_gpus()
-    if not gpus and os.environ.get(profiles.GPU_SHAPE_ON_CPU) != "1":
-        print("error: make gpu-check needs a CUDA GPU and none is visible here; "
-              "`make gpu-check DRY=1` prints what it would run.", file=sys.stderr)  # fmt: skip
-        return 2
-    model = models.tiny_qwen2().path
-    nproc = nproc or gpus or 2
-    status = run_course(
-        "gpu", list(only or GPU_CHECK), build, progress=True,
-        parameters_for=lambda notebook: gpu_check_parameters(notebook, nproc, model),
-    )  # fmt: skip
+    if not shape_on_cpu:
+        problem = gpu_python_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    nproc = nproc or (1 if shape_on_cpu else profiles.count_gpus())
+    folder = gpu_check_folder()  # before its own COURSE_BUILD_DIR is set, which names this very folder
+    script = gpu_check_script(nproc, shape_on_cpu)
+    env, calls = read_script(script)
+    if only:
+        calls = [c for c in calls if Path(c["input_path"]).name[:2] in {o.zfill(2) for o in only}]
+    print(script, flush=True)
+    with environment(env):
+        models.tiny_qwen2()  # the model every notebook is given (MODEL): built here, once, in seconds
+        jobs = [Job(paths.ROOT / c["input_path"], paths.ROOT / c["output_path"], c["parameters"],
+                    c["execution_timeout"], paths.ROOT / c["cwd"], c["kernel_name"]) for c in calls]  # fmt: skip
+        status = run_course("gpu", build=folder, jobs=jobs)
     print(f"gpu-check: budget {GPU_CHECK_BUDGET} s on one GPU; the report above gives each notebook's time.")
     return status
 
@@ -591,13 +768,24 @@ def main(argv=None) -> int:
     ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
     ref.add_argument("--only", nargs="*")
     gc = sub.add_parser("gpu-check", help="the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA)")
-    gc.add_argument("--dry", action="store_true", help="print the commands for 1 and 8 GPUs; needs no GPU")
+    gc.add_argument("--dry", action="store_true", help="print the commands (for 1 and 8 GPUs); needs no GPU")
+    gc.add_argument("--nproc", default="", help="processes per launch; default: one per GPU (1 on the CPU)")
+    gc.add_argument("--shape-on-cpu", action="store_true", help="the gpu shape on the CPU (gloo, no CUDA)")
+    gc.add_argument("--only", nargs="*", help="some notebook numbers, e.g. 06 07 (make gpu-check runs all)")
     pr = sub.add_parser("prune", help="delete all but the newest KEEP versions of each run in build/outputs/")
     pr.add_argument("--keep", required=True)
     pr.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
+    adopt_orphans()  # a launch whose kernel died comes back to this process, which stops it
     if args.command == "gpu-check":
-        return gpu_check(args.dry)
+        if args.nproc and not (args.nproc.isdigit() and int(args.nproc) >= 1):
+            print(f"error: NPROC = {args.nproc!r} must be a whole number of processes, 1 or more, e.g. NPROC=2.",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        try:
+            return gpu_check(args.dry, int(args.nproc) if args.nproc else None, args.shape_on_cpu, args.only)
+        except KeyboardInterrupt:
+            return 130
     if args.command == "prune":
         if not args.keep.isdigit():
             print(

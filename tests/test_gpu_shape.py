@@ -1,34 +1,56 @@
-"""The gpu profile in its gpu shape, on the CPU: what a GPU run does, except CUDA and nccl.
-
-PROFILE = "gpu" with ``COURSE_GPU_SHAPE_ON_CPU=1`` takes every gpu value of every pick and the seed's
-recipe (bf16 weights, gradient checkpointing, an explicit system prompt, the nearest global batch), on the
-tiny Qwen2 driven through SWIFT's qwen2_5 template, over gloo, with 1 and 3 processes (MATRIX). The notebooks get the parameters
-``make gpu-check`` gives them on a GPU (runner.GPU_CHECK); 03 and 04 are left to the GPU itself.
+"""`make gpu-check SHAPE_ON_CPU=1 NPROC=1` and `NPROC=2`: exactly what `make gpu-check` runs on one GPU and
+on two (the notebooks of runner.GPU_CHECK, their parameters, the printed commands), in the gpu shape on the
+CPU: COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the seed's recipe (bf16, gradient
+checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. Nothing is picked by
+hand: a notebook that joins GPU_CHECK joins these runs.
 """
 
+import glob
 import json
+import os
+import subprocess
 
 import nbformat
 import pytest
 import swift_cli
 
-from helpers import profiles, runner
+from helpers import finetune, paths, runner
 
 
-@pytest.fixture
-def gpu_shape(tmp_path, monkeypatch):
-    monkeypatch.setenv(profiles.GPU_SHAPE_ON_CPU, "1")
-    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path / "outputs"))
-    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "build"))  # run_course sets it; restored after
-    monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    return tmp_path / "build"
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])
+def shape(request):
+    """One run of the make target, as a person types it, into a build folder of this test session's own;
+    its folder, its output and the script it printed."""
+    import shutil
+
+    nproc = request.param
+    build = paths.build_dir() / f"shape-{nproc}"
+    shutil.rmtree(build, ignore_errors=True)
+    env = {**os.environ, "COURSE_BUILD_DIR": str(build)}
+    target = ["make", "--no-print-directory", "gpu-check", "SHAPE_ON_CPU=1", f"NPROC={nproc}"]
+    done = subprocess.run(target, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=2400)
+    dry = subprocess.run([*target, "DRY=1"], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    return {"nproc": nproc, "build": build, "folder": build / "gpu-check", "out": done.stdout, "dry": dry.stdout}
 
 
-def swift_commands(text: str) -> list[str]:
-    """Every ``swift`` command a cell printed as text to type (its lines joined by trailing backslashes)."""
+def executed(shape, number: str):
+    [path] = glob.glob(str(shape["folder"] / "executed" / f"{number}_*.ipynb"))
+    return nbformat.read(path, as_version=4)
+
+
+def outputs(shape, number: str) -> dict[str, str]:
+    """Each cell's printed text, by cell id."""
+    nb = executed(shape, number)
+    return {c.get("id"): "".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells}
+
+
+def shown_commands(text: str, program: str = "swift") -> list[str]:
+    """Every command a cell printed to type: ``[VAR=value ...] swift ...`` with its continuation lines."""
     found, lines = [], text.splitlines()
     for i, line in enumerate(lines):
-        if " swift " in f" {line}" and line.rstrip().endswith("\\") and not line.startswith(("$", "▶")):
+        words = line.split()
+        if program in words and all("=" in w for w in words[: words.index(program)]) and not line.startswith("$"):
             block = [line]
             while block[-1].rstrip().endswith("\\"):
                 block.append(lines[i + len(block)])
@@ -36,81 +58,94 @@ def swift_commands(text: str) -> list[str]:
     return found
 
 
-def outputs(executed) -> dict[str, str]:
-    """Each cell's printed text, by cell id."""
-    nb = nbformat.read(executed, as_version=4)
-    return {c.get("id"): "".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells}
-
-
-# Which notebooks run with how many processes: 3 is where 16 does not divide (06, and 07 merging its
-# adapter); 1 is one GPU, where every DDP comparison is skipped. 08 and 09 with 3 processes, and all four
-# with 2, pass too (run by hand) but would cost make test about 4 more minutes; the smoke course runs 2.
-MATRIX = {3: ["06", "07"], 1: ["06", "08", "09"]}
-
-
-@pytest.mark.parametrize("nproc", sorted(MATRIX, reverse=True))
-def test_gpu_check_passes_06_to_09_in_the_gpu_shape(gpu_shape, nproc):
-    only = MATRIX[nproc]
-    assert runner.gpu_check(build=gpu_shape, only=only, nproc=nproc) == 0
-    report = json.loads((gpu_shape / "report.json").read_text())
+def test_every_notebook_of_gpu_check_passes(shape):
+    report = json.loads((shape["folder"] / "report.json").read_text())
     assert report["profile"] == "gpu"
-    assert [(n["name"][:2], n["status"]) for n in report["notebooks"]] == [(o, "passed") for o in only]
-    out = {n["name"][:2]: outputs(gpu_shape / "executed" / f"{n['name']}.ipynb") for n in report["notebooks"]}
-    if "06" in out:
-        sixth = out["06"]
-        shown = " ".join(sixth["c14"].replace("\\\n", " ").split())  # the command as printed, one flag per line
-        for flag in ("--model_type qwen2 --template qwen2_5", "--torch_dtype bfloat16", "--use_cpu true",
-                     "--gradient_checkpointing true", "--system 'You are a helpful assistant.'",
-                     "--warmup_ratio 0.05", "--learning_rate 0.0001", "--max_length 2048"):  # fmt: skip
-            assert flag in shown, flag
-        assert "CUDA_VISIBLE_DEVICES=0 swift sft" in sixth["c03b"]  # the 1-GPU command shown before any run
-    if "07" in out:
-        seventh = out["07"]
-        assert "--torch_dtype bfloat16" in "".join(seventh.values())  # merged in the base model's dtype
-        assert "within bfloat16 rounding: True" in seventh["c13"]  # each merged bf16 weight checked
-        assert (
-            "in every question here: 'You are a helpful assistant.'" in seventh["c03"]
-        )  # 06's system prompt
-        assert "--system 'You are a helpful assistant.'" in seventh["c06b"]
-    if "08" in out:  # DeepSpeed's bf16 shards (bf16_zero_pp_rank_*) were found and read
-        assert f"'ranks sharded over': {nproc}" in out["08"]["c37"]
-    if nproc == 1:  # one GPU: no DDP comparison, said in a sentence, never a failure
-        assert "one process cannot run DDP" in out["06"]["c16"]
-        assert "every run of this execution in its own new numbered folder: True" in out["06"]["c34"]
-        assert "section 3 runs 2 ranks on the CPU over gloo" in out["08"]["c03"]
-        assert "fsdp only works in distributed training" in out["08"]["c39"]
-        assert "SWIFT trains in one process, without DDP" in out["09"]["c15"]
-        assert "CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft" in out["08"]["c33b"]  # DeepSpeed: torchrun
-        assert "CUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the 1-GPU command, shown
-        assert "# this machine's run\nCUDA_VISIBLE_DEVICES=0 swift sft" in out["09"]["c14"]  # the text run
-        assert "▶ swift sft: the command above" in out["09"]["c14"]
-        from swift import SftArguments
+    assert [(n["name"][:2], n["status"]) for n in report["notebooks"]] == [(k, "passed") for k in sorted(runner.GPU_CHECK)]
 
-        for shown in (out["08"]["c33b"], out["09"]["c14"], out["09"]["c25b"]):  # gpu commands are SWIFT's own
-            for command in shown.split("\n\n"):
-                if command.lstrip().startswith("# ") and " swift sft " in command:  # the commands shown
-                    got = swift_cli.parse(command[command.index("CUDA_VISIBLE_DEVICES") :], SftArguments)
-                    assert got["torch_dtype"] == "bfloat16" and got["model"].endswith(
-                        "tiny-qwen2-bf16"
-                    )  # the model run
-        ran = swift_commands(out["08"]["c37"])  # 08's DeepSpeed runs: the text shown is the text run
-        assert len(ran) == 2 and all(
-            c.startswith("CUDA_VISIBLE_DEVICES=0 NPROC_PER_NODE=1 swift sft") for c in ran
-        )
-        assert [swift_cli.parse(c, SftArguments)["torch_dtype"] for c in ran] == ["bfloat16"] * 2
-        assert out["08"]["c37"].count("▶ swift sft: the command above") == 2
-        # 09, section 2: the base model (here make gpu-check's tiny Qwen2 stands in) with --template default
-        assert "stands in for the base model" in out["09"]["c20"]
-        [base] = swift_commands(out["09"]["c25b"])
-        got = swift_cli.parse(base, SftArguments)
-        assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16"), got
-        assert (
-            f"with --template default: {runner.GPU_CHECK['09']['SWIFT_STEPS']} steps logged"
-            in out["09"]["c25b"]
-        )
-        assert "base model tiny-qwen2" in out["09"]["c23"] + out["09"]["c20"]
-        assert "--dtype bfloat16" in out["09"]["c34"]  # 09's checkpointing measurement: bf16, not float32
-    if nproc == 3:  # 16 does not divide over 3: the nearest global batch, said in a sentence
-        assert "a global batch of 15, the nearest possible" in out["06"]["c14"]
-        assert "3 processes × 1 × 5 = 15" in out["06"]["c16"]
-        assert "ranks that logged training steps: [0]" in out["06"]["c17"]
+
+def test_the_run_executed_the_text_dry_prints(shape):
+    """The script at the top of the run is DRY=1's, and each notebook got the parameters its line gives."""
+    with runner.environment({"COURSE_BUILD_DIR": str(shape["build"])}):
+        script = runner.gpu_check_script(shape["nproc"], shape_on_cpu=True)
+    assert script in shape["dry"] and script in shape["out"]
+    _, calls = runner.read_script(script)
+    for call in calls:
+        nb = nbformat.read(paths.ROOT / call["output_path"], as_version=4)
+        assert nb.metadata["papermill"]["parameters"] == call["parameters"]
+
+
+def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
+    for number in ("03", "04"):
+        text = outputs(shape, number)["c03"]
+        assert ("runs 2 ranks on the CPU over gloo" in text) is (shape["nproc"] == 1), number
+    assert "2 ranks x" in outputs(shape, "04")["c03"]  # 04's ranks: two, whatever NPROC was
+
+
+def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
+    from swift import SftArguments
+
+    out = outputs(shape, "06")
+    [single] = shown_commands(out["c14"])
+    got = swift_cli.parse(single, SftArguments)
+    assert "CUDA_VISIBLE_DEVICES=0 " in single.splitlines()[0]  # the first GPU, named in the gpu shape too
+    assert (got["torch_dtype"], got["use_cpu"], got["gradient_checkpointing"]) == ("bfloat16", True, True)
+    assert (got["max_length"], got["learning_rate"], got["system"]) == (2048, 1e-4, finetune.SYSTEM)
+    assert got["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
+    assert got["max_steps"] == runner.GPU_CHECK["06"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
+    if shape["nproc"] > 1:
+        [ddp] = shown_commands(out["c16"])
+        assert "CUDA_VISIBLE_DEVICES=0,1" in ddp and "NPROC_PER_NODE=2" in ddp
+    else:
+        assert "one process cannot run DDP" in out["c16"]
+
+
+def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_process(shape):
+    runs = sorted(glob.glob(str(shape["folder"] / "sft-from-python" / "*" / "kwargs.json")))
+    assert len(runs) == 2 * len(runner.GPU_CHECK["06"]["SEEDS"])  # gpu: each sft_main run a process of its own
+    datasets = sorted(json.loads(open(p, encoding="utf-8").read())["dataset"] for p in runs)
+    identity, mixed = sorted(datasets, key=len)
+    assert identity == [str(finetune.SELF_COGNITION)] and mixed[0] == identity[0] and len(mixed) == 2
+    assert "sft_from_python.py" in outputs(shape, "06")["c23"]
+
+
+def test_07_merges_and_answers_on_one_gpu_in_the_training_dtype(shape):
+    from swift.arguments import ExportArguments, InferArguments
+
+    out = outputs(shape, "07")
+    [export] = shown_commands(out["c07"])
+    [infer] = shown_commands(out["c15"])
+    for text, kind in ((export, ExportArguments), (infer, InferArguments)):
+        assert "CUDA_VISIBLE_DEVICES=0 " in text.splitlines()[0]
+        assert swift_cli.parse(text, kind)["torch_dtype"] == "bfloat16"
+    assert "within bfloat16 rounding: True" in out["c13"]  # each merged weight checked
+    assert "'You are a helpful assistant.'" in out["c03"]  # 06's system prompt, asked with again
+
+
+def test_08_and_09_run_the_commands_they_show(shape):
+    from swift import SftArguments
+
+    nproc = shape["nproc"]
+    deepspeed = shown_commands(outputs(shape, "08")["c37"])
+    assert len(deepspeed) == 2 and all(f"NPROC_PER_NODE={nproc}" in c for c in deepspeed)
+    assert [swift_cli.parse(c, SftArguments)["torch_dtype"] for c in deepspeed] == ["bfloat16"] * 2
+    assert f"'ranks sharded over': {nproc}" in outputs(shape, "08")["c37"]  # DeepSpeed's bf16 shards read back
+    nine = outputs(shape, "09")
+    [base] = shown_commands(nine["c25b"])
+    got = swift_cli.parse(base, SftArguments)
+    assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16")
+    assert f"{runner.GPU_CHECK['09']['SWIFT_STEPS']} steps logged" in nine["c25b"]
+
+
+def test_every_gpu_notebook_ends_holding_no_model(shape):
+    for number in ("06", "07", "08", "09"):
+        assert outputs(shape, number)["free"].startswith("No model is held by this kernel"), number
+
+
+def test_the_check_wrote_only_under_its_own_folder(shape):
+    record = json.loads((shape["folder"] / "outputs" / finetune.LATEST_FILE).read_text())
+    assert set(record) == {"gpu"} and record["gpu"]["checkpoint"].startswith(str(shape["folder"]))
+    assert record["gpu"]["dtype"] == "bfloat16"
+    assert not (paths.outputs_dir() / finetune.LATEST_FILE).is_file() or "gpu" not in json.loads(
+        (paths.outputs_dir() / finetune.LATEST_FILE).read_text()
+    )
