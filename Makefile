@@ -14,8 +14,8 @@ SHAPE_ON_CPU ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long unit-then-notebooks notebooks lab refresh clean prune gpu-check lock zh book \
-	gpu-shape-1 gpu-shape-2 gpu-shape-2-then-long
+.PHONY: help setup run test lint unit unit-main unit-long notebooks lab refresh clean prune gpu-check lock zh book \
+	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
@@ -45,7 +45,7 @@ lint: setup
 # output follows when it ends.
 unit: setup
 	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-main gpu-shape-1 gpu-shape-2-then-long
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long
 
 SHAPE := tests/test_gpu_shape.py
 LONG := tests/test_book.py tests/test_install.py
@@ -59,28 +59,31 @@ gpu-shape-1 gpu-shape-2:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
 		-k "$(subst gpu-shape-,,$@)-process"
 
-gpu-shape-2-then-long: gpu-shape-2
+# make test's two streams, about equally long on 2 cores
+stream-units: unit-main
+	@$(MAKE) --no-print-directory gpu-shape-2
+
+stream-notebooks: gpu-shape-1
+	@$(MAKE) --no-print-directory notebooks
 	@$(MAKE) --no-print-directory unit-long
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
 notebooks: setup
-	COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning $(BIN)/python -m pytest -p no:cacheprovider \
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/notebooks COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning \
+		$(BIN)/python -m pytest -p no:cacheprovider \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
-# make test: lint, then three streams side by side on the machine's cores: the unit tests followed by the
-# notebooks; make gpu-check in its gpu shape for 1 process; the same for 2, followed by LONG.
+# make test: lint, then two streams side by side, one per core: the unit tests, then make gpu-check in its
+# gpu shape for 2 processes; and the same for 1 process, then the notebooks, then LONG.
 test: lint
-	@echo "unit tests then notebook tests, with the longest tests beside them (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-then-notebooks gpu-shape-1 gpu-shape-2-then-long
+	@echo "two streams side by side: unit tests then gpu-check NPROC=2; gpu-check NPROC=1 then notebooks then the longest unit tests (each stream's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m helpers.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "make test left the git tree dirty:"; git status --porcelain; exit 1; \
 	else echo "git tree clean after the tests."; fi
-
-unit-then-notebooks: unit-main
-	@$(MAKE) --no-print-directory notebooks
 
 lab: setup
 	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) \

@@ -516,7 +516,7 @@ GPU_CHECK = {
     "06": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1]},  # the path, not the finding
     "07": {"MAX_TOKENS": 16},
     "08": {"HEADROOM_PERCENT": 150, "STEPS": 4, "SWIFT_STEPS": 2},  # the tiny model needs smoke's headroom
-    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2, "HANG_SECONDS": 10},  # the hub wait and the hang have no device in them
+    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
 }
 GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
 # Its own limits: a hang in an 8-minute check must cost minutes, not the hour a full gpu run allows a launch.
