@@ -59,13 +59,13 @@ gpu-shape-1 gpu-shape-2:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
 		-k "$(subst gpu-shape-,,$@)-process"
 
-# make test's two streams, about equally long on 2 cores
-stream-units: unit-main
-	@$(MAKE) --no-print-directory gpu-shape-2
+# make test's two streams, about equally long on 2 cores; each runs all its parts even when one fails
+stream-units:
+	@status=0; for part in unit-main gpu-shape-2; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
-stream-notebooks: gpu-shape-1
-	@$(MAKE) --no-print-directory notebooks
-	@$(MAKE) --no-print-directory unit-long
+stream-notebooks:
+	@status=0; for part in gpu-shape-1 notebooks unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; \
+		exit $$status
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
