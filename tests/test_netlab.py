@@ -71,6 +71,12 @@ def test_two_nodes_talk_through_the_limited_card_and_leave_nothing():
         with pytest.raises(CourseError, match="between 1 and 100000"):
             lab.set_rate(0)
         sleeper = subprocess.Popen([*lab.prefix(0), "sleep", "60"])
+        for _ in range(100):  # on a loaded machine `ip netns exec` enters the namespace a moment later
+            if str(sleeper.pid) in netlab._ip("ip", "netns", "pids", lab.names[0], check=False).stdout.split():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the sleeper never entered node 0's namespace")
     assert received == 2**20 and sent >= 2**20
     assert took >= 0.8 * 2**20 * 8 / 40e6, took  # the card's rate, not loopback speed
     assert lab.leftovers() == []
