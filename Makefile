@@ -50,7 +50,7 @@ unit: setup
 SHAPE := tests/test_gpu_shape.py
 LONG := tests/test_book.py tests/test_install.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra $(addprefix --ignore=,$(SHAPE) $(LONG))
+	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG))
 
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
@@ -61,23 +61,22 @@ gpu-shape-1 gpu-shape-2:
 
 # make test's two streams, about equally long on 2 cores; each runs all its parts even when one fails
 stream-units:
-	@status=0; for part in unit-main gpu-shape-2; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in unit-main gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; for part in gpu-shape-1 notebooks unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; \
-		exit $$status
+	@status=0; for part in gpu-shape-1 notebooks; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
 notebooks: setup
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/notebooks COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning \
-		$(BIN)/python -m pytest -p no:cacheprovider \
+		$(BIN)/python -m pytest -p no:cacheprovider --durations=10 \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
 # make test: lint, then two streams side by side, one per core: the unit tests, then make gpu-check in its
-# gpu shape for 2 processes; and the same for 1 process, then the notebooks, then LONG.
+# gpu shape for 2 processes, then LONG; and the same for 1 process, then the notebooks.
 test: lint
-	@echo "two streams side by side: unit tests then gpu-check NPROC=2; gpu-check NPROC=1 then notebooks then the longest unit tests (each stream's output follows when it ends) ..."
+	@echo "two streams side by side: unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks (each stream's output follows when it ends) ..."
 	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m helpers.runner gpu-check --dry
