@@ -1126,6 +1126,9 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
         return None
 
 
+GRADIO_GAVE_UP = "When localhost is not accessible"  # what Gradio raises when its check of its own page fails
+
+
 class WebUI:
     """``swift web-ui`` on localhost in the background: ``start()``, ``wait()`` for HTTP 200, ``stop()``."""
 
@@ -1177,13 +1180,20 @@ class WebUI:
 
     def wait(self, timeout: float = 120) -> tuple[int, float]:
         """Poll until the page answers HTTP 200; returns (status, seconds). Stops everything on failure."""
-        start = time.monotonic()
+        start, started_again = time.monotonic(), False
         while time.monotonic() - start < timeout:
             self._remember_processes()
             self.launch.drain(False, "")
             if self.launch.proc.poll() is not None:
                 tail = "\n    ".join(self.launch.lines[-12:])
                 self.stop()
+                if GRADIO_GAVE_UP in tail and not started_again:
+                    # Gradio asks its own page once it serves, and gives up after one 3-second timeout
+                    # (gradio/networking.py, url_ok): a busy machine, not a broken set-up
+                    print("swift web-ui: Gradio's check of its own page timed out (a busy machine); starting it once more.")
+                    started_again = True
+                    self.start()
+                    continue
                 raise launching.LaunchError(
                     f"swift web-ui exited with code {self.launch.proc.returncode}:\n    {tail}"
                 )

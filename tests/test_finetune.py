@@ -568,3 +568,41 @@ def test_quiet_repeats_drops_only_the_explained_warning():
     finally:
         swift.removeHandler(handler)
     assert seen == ["something else", "dataset_sample: after the block"]
+
+
+def test_a_web_ui_that_gradio_gave_up_on_is_started_once_more(monkeypatch, tmp_path, capsys):
+    """Gradio exits when its one 3-second check of its own page times out (a busy machine): wait() starts
+    the Web-UI once more and then sees it answer; a second such exit is an error naming it."""
+    import sys
+
+    from helpers import launching
+
+    attempts = tmp_path / "attempts"
+    stand_in = (
+        "import http.server, pathlib, sys\n"
+        f"p = pathlib.Path({str(attempts)!r}); n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1))\n"
+        f"if n < {{fails}}:\n"
+        f"    print('ValueError: {finetune.GRADIO_GAVE_UP}, a shareable link must be created.', flush=True); sys.exit(1)\n"
+        "port = int(sys.argv[sys.argv.index('--server_port') + 1])\n"
+        "http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+    )
+    real = launching.Launch
+
+    for fails, outcome in ((1, "answers"), (2, "error")):
+        attempts.unlink(missing_ok=True)
+        script = stand_in.replace("{fails}", str(fails))
+        monkeypatch.setattr(
+            launching, "Launch", lambda argv, script=script, **kw: real([sys.executable, "-c", script, *map(str, argv[1:])], **kw)
+        )
+        ui = finetune.WebUI().start()
+        try:
+            if outcome == "answers":
+                status, _ = ui.wait(timeout=60)
+                assert status == 200 and attempts.read_text() == "xx"
+                assert "starting it once more" in capsys.readouterr().out
+            else:
+                with pytest.raises(launching.LaunchError, match=finetune.GRADIO_GAVE_UP):
+                    ui.wait(timeout=60)
+                assert attempts.read_text() == "xx"
+        finally:
+            assert ui.stop() == 0
