@@ -91,10 +91,11 @@ def test_a_misspelt_parameter_is_refused(monkeypatch):
 
 
 def test_without_a_gpu_the_real_check_stops_with_one_sentence_naming_the_fix(monkeypatch, capsys):
-    """Here torch is the lock's CPU build: the check says so, with torch.version.cuda, and what to do."""
+    """A CPU build of torch (the lock's): the check says so, with torch.version.cuda, and what to do."""
     import torch
 
     monkeypatch.delenv(profiles.GPU_SHAPE_ON_CPU, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", None)  # as the lock's CPU build, also in a CUDA .venv
     assert runner.gpu_check() == 2
     err = capsys.readouterr().err.strip()
     assert "a CPU build (torch.version.cuda is None)" in err and "COURSE_KEEP_TORCH=1 make setup" in err

@@ -167,7 +167,8 @@ def test_swift_layout_rule_on_1_to_8_gpus(n_gpu, nproc):
 
 @pytest.mark.parametrize("n_gpu", range(1, 9))
 @pytest.mark.parametrize("nproc", [1, 2, 4])
-def test_mp_ddp_layout_picks_the_nearest_layout_swift_accepts(n_gpu, nproc):
+def test_mp_ddp_layout_picks_the_nearest_layout_swift_accepts(n_gpu, nproc, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # GPUs 0..n-1 (test_gpu_route: an inherited list)
     if nproc < 2 or n_gpu < 2 * nproc:
         with pytest.raises(CourseError) as info:
             sharding.mp_ddp_layout(n_gpu, nproc)
