@@ -29,15 +29,19 @@ help:
 	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
+	@echo "make setup    create .venv with exactly the locked packages (every target does it first)"
+	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
+	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
+	@echo "Parts of make test: unit-main, unit-long, gpu-shape-1, gpu-shape-2, stream-units, stream-notebooks"
 
 setup:
 	@bash scripts/setup.sh
 
 run: setup
-	@$(BIN)/python -m helpers.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+	@$(BIN)/python -m course.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 lint: setup
-	$(BIN)/ruff check --no-cache conftest.py helpers tests notebooks book
+	$(BIN)/ruff check --no-cache conftest.py helpers course tests notebooks book
 
 # The longest tests run beside the others, each pytest session in its own build/test folder: `make gpu-check
 # SHAPE_ON_CPU=1` for 1 process and for 2 (tests/test_gpu_shape.py, one make run each, the notebooks of
@@ -79,7 +83,7 @@ test: lint
 	@echo "two streams side by side: unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks (each stream's output follows when it ends) ..."
 	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
-	@$(BIN)/python -m helpers.runner gpu-check --dry
+	@$(BIN)/python -m course.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \
 		echo "make test left the git tree dirty:"; git status --porcelain; exit 1; \
 	else echo "git tree clean after the tests."; fi
@@ -89,7 +93,7 @@ lab: setup
 		--ServerApp.root_dir=$(CURDIR) --ServerApp.token=$$($(BIN)/python -c "import secrets; print(secrets.token_hex(16))")
 
 refresh: setup
-	@$(BIN)/python -m helpers.runner refresh $(if $(ONLY),--only $(ONLY))
+	@$(BIN)/python -m course.runner refresh $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf build/executed build/html build/logs build/launches build/scripts build/refresh \
@@ -98,7 +102,7 @@ clean:
 	@echo "(adapters, checkpoints, merged models you trained): delete those by hand if you mean to."
 
 prune: setup
-	@$(BIN)/python -m helpers.runner prune --keep "$(KEEP)"
+	@$(BIN)/python -m course.runner prune --keep "$(KEEP)"
 
 # On a GPU machine GPU_PYTHON (the venv's python, with a CUDA torch: docs/gpu.md) runs it; it needs no set-up
 # here, which would put the lock's CPU torch into .venv. DRY=1 prints the commands and needs no GPU;
@@ -107,19 +111,19 @@ GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)
 gpu-check:
 ifeq ($(DRY),1)
 	@$(MAKE) --no-print-directory setup
-	@$(BIN)/python -m helpers.runner gpu-check --dry $(GPU_CHECK_ARGS)
+	@$(BIN)/python -m course.runner gpu-check --dry $(GPU_CHECK_ARGS)
 else ifeq ($(SHAPE_ON_CPU),1)
 	@$(MAKE) --no-print-directory setup
-	@$(BIN)/python -m helpers.runner gpu-check $(GPU_CHECK_ARGS)
+	@$(BIN)/python -m course.runner gpu-check $(GPU_CHECK_ARGS)
 else
-	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m helpers.runner gpu-check $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m course.runner gpu-check $(GPU_CHECK_ARGS)
 endif
 
 lock:
 	@python3 scripts/lock.py
 
 zh: setup
-	@$(BIN)/python -m helpers.translation
+	@$(BIN)/python -m course.translation
 
 book: setup
-	@$(BIN)/python -m helpers.book
+	@$(BIN)/python -m course.book

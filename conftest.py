@@ -10,8 +10,8 @@ network-lab namespace (helpers/netlab.py) made during the session and still ther
 import os
 from pathlib import Path
 
+from course.snapshots import differences, snapshot
 from helpers import netlab
-from helpers.paths import differences, snapshot
 
 ROOT = Path(__file__).resolve().parent
 # COURSE_TEST_BUILD gives a session its own folder under build/test (the Makefile runs the longest unit

@@ -1,5 +1,5 @@
-# Sphinx configuration of the course site, for both languages (`make book`, helpers/book.py).
-# The sources are staged per language by helpers/book.py; sphinx-build gets `-D language=en|zh_CN`.
+# Sphinx configuration of the course site, for both languages (`make book`, course/book.py).
+# The sources are staged per language by course/book.py; sphinx-build gets `-D language=en|zh_CN`.
 project = "Data-parallel training, from first principles to SWIFT"
 author = "the course's authors"
 copyright = "the course's authors"

@@ -1,4 +1,5 @@
-"""The course's small library, one module per concept.
+"""The course's small library, one module per concept: what a lesson imports (the course's own tooling is in
+course/, ARCHITECTURE.md).
 
 - paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are
 - errors     CourseError: a one-sentence error for learners, shown without a traceback
@@ -13,7 +14,6 @@
 - report     record a notebook's key metrics (collected into the run report) and show tables
 - plots      the course's plot style and a timeline of measured intervals
 - exercises  checkers that tell a learner whether an exercise answer is right
-- runner     execute the notebooks with papermill, render HTML, write build/report.{md,json}; make gpu-check
 
 One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
@@ -27,8 +27,6 @@ One module per lesson concept, each explained in its notebook:
 - troubleshooting 09: the seed's four tips reproduced, and debugging a hang
 """
 
-from helpers.errors import CourseError, install_notebook_handler
+from helpers.errors import CourseError
 
 __all__ = ["CourseError"]
-
-install_notebook_handler()

@@ -24,7 +24,6 @@ import traceback
 from collections.abc import Callable
 
 _CHECKERS: dict[str, Callable] = {}
-NOT_ANSWERED = (None, Ellipsis)
 
 
 class NotAnswered(Exception):

@@ -59,7 +59,6 @@ SELF_COGNITION = DATA_DIR / "self-cognition"
 GENERAL_QUESTIONS = DATA_DIR / "general_questions.jsonl"
 HELDOUT = DATA_DIR / "heldout.jsonl"
 LATEST_FILE = "latest-self-cognition.json"
-PLACEHOLDERS = ("{{NAME}}", "{{AUTHOR}}")
 _GENERAL_FORMAT = 2  # bump when the way general answers are made changes: old caches are then not reused
 
 

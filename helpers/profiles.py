@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from helpers import environment
-from helpers.errors import CourseError
+from helpers.errors import CourseError, install_notebook_handler
 
 PROFILES = ("auto", "cpu", "gpu", "smoke")
 GPU_DEFAULT_MODEL = "Qwen/Qwen2.5-7B-Instruct"
@@ -206,8 +206,10 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
     """Turn a notebook's parameters into a checked :class:`Profile`.
 
     ``nproc`` None means the profile's default: 2 ranks on cpu/smoke, one per GPU on gpu.
-    Extra keyword arguments are kept, unchanged, in ``Profile.knobs``.
+    Extra keyword arguments are kept, unchanged, in ``Profile.knobs``. In a notebook it also has a
+    :class:`~helpers.errors.CourseError` shown as its one sentence, without a traceback.
     """
+    install_notebook_handler()  # from here on a CourseError shows as its one sentence, without a traceback
     check_choice("PROFILE", profile, PROFILES)
     note = environment.check_torch()  # a GPU image's own torch: stop with one sentence if it is too old
     if note:

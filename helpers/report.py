@@ -1,7 +1,7 @@
 """Record a notebook's key metrics; the runner collects them into build/report.{md,json}.
 
 ``record("max_grad_diff", 3e-17)`` shows the value in the cell and tags the output so that
-``helpers.runner`` finds it in the executed notebook. No files, no globals: the notebook is the record.
+``course.runner`` finds it in the executed notebook. No files, no globals: the notebook is the record.
 """
 
 from __future__ import annotations

@@ -234,7 +234,6 @@ def place_on_gpus(model_path: str, devices: int, dtype: str = "bfloat16"):
 # --- 2. DDP + device_map: SWIFT's grouping ------------------------------------------------------------
 
 SWIFT_GROUP_RULE = "device_ids = list(range(local_rank, n_gpu, local_world_size))"
-SWIFT_GROUP_SOURCE = "swift/model/patcher.py, patch_mp_ddp() -> _infer_auto_device_map_patch"
 
 
 def swift_rule_in_source() -> bool:

@@ -9,7 +9,8 @@ from urllib.parse import quote, urldefrag, urljoin, urlparse
 
 import pytest
 
-from helpers import book, finetune, runner
+from course import book, runner
+from helpers import finetune
 
 
 @pytest.fixture(scope="module", autouse=True)

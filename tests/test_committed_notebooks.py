@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import runner
+from course import runner
 
 NOTEBOOKS = runner.course_notebooks()
 

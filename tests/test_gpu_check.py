@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from helpers import launching, paths, profiles, runner
+from course import runner
+from helpers import launching, paths, profiles
 
 
 def papermill_lines(text: str) -> list[str]:
@@ -121,10 +122,10 @@ def test_make_runs_the_check_with_its_own_flags():
     """`make gpu-check SHAPE_ON_CPU=1 NPROC=2` is the command a person runs and make test runs."""
     dry = subprocess.run(["make", "-n", "gpu-check", "SHAPE_ON_CPU=1", "NPROC=2"], cwd=paths.ROOT,
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
-    assert ".venv/bin/python -m helpers.runner gpu-check --nproc 2 --shape-on-cpu" in dry
+    assert ".venv/bin/python -m course.runner gpu-check --nproc 2 --shape-on-cpu" in dry
     real = subprocess.run(["make", "-n", "gpu-check"], cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout
-    assert "PYTHONPATH=" in real and ".venv/bin/python -m helpers.runner gpu-check" in real
+    assert "PYTHONPATH=" in real and ".venv/bin/python -m course.runner gpu-check" in real
     assert "setup.sh" not in real  # set-up would put the lock's CPU torch into a CUDA .venv
-    bad = subprocess.run([".venv/bin/python", "-m", "helpers.runner", "gpu-check", "--nproc", "two"],
+    bad = subprocess.run([".venv/bin/python", "-m", "course.runner", "gpu-check", "--nproc", "two"],
                          cwd=paths.ROOT, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "NPROC = 'two' must be a whole number" in bad.stderr

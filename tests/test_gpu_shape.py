@@ -14,7 +14,8 @@ import nbformat
 import pytest
 import swift_cli
 
-from helpers import finetune, paths, runner
+from course import runner
+from helpers import finetune, paths
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])

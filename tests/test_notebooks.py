@@ -14,7 +14,8 @@ import papermill as pm
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from helpers import paths, runner
+from course import runner
+from helpers import paths
 
 NOTEBOOKS = runner.course_notebooks()
 

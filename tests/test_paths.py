@@ -1,5 +1,6 @@
 """Output folders: every run gets its own, nothing earlier is overwritten."""
 
+from course import snapshots
 from helpers import paths
 
 
@@ -32,12 +33,12 @@ def test_a_snapshot_sees_files_added_removed_and_changed(tmp_path):
     (tmp_path / "run" / "v1").mkdir(parents=True)
     (tmp_path / "run" / "v1" / "adapter.bin").write_bytes(b"1234")
     (tmp_path / "latest.json").write_text("{}")
-    before = paths.snapshot(tmp_path)
-    assert paths.differences(before, paths.snapshot(tmp_path)) == []
+    before = snapshots.snapshot(tmp_path)
+    assert snapshots.differences(before, snapshots.snapshot(tmp_path)) == []
     (tmp_path / "run" / "v2").mkdir()
     (tmp_path / "latest.json").write_text('{"smoke": 1}')
     (tmp_path / "run" / "v1" / "adapter.bin").unlink()
-    assert paths.differences(before, paths.snapshot(tmp_path)) == [
+    assert snapshots.differences(before, snapshots.snapshot(tmp_path)) == [
         "added run/v2",
         "removed run/v1/adapter.bin",
         "changed latest.json",

@@ -98,9 +98,9 @@ def test_every_pick_names_its_gpu_value():
             missing += [
                 f"{path.name} cell {index} ({cell.get('id')}): .pick({a})" for a in _picks_without_gpu(source)
             ]
-    for path in sorted((ROOT / "helpers").glob("*.py")):
+    for path in sorted([*(ROOT / "helpers").glob("*.py"), *(ROOT / "course").glob("*.py")]):
         missing += [
-            f"helpers/{path.name}: .pick({a})" for a in _picks_without_gpu(path.read_text(encoding="utf-8"))
+            f"{path.relative_to(ROOT)}: .pick({a})" for a in _picks_without_gpu(path.read_text(encoding="utf-8"))
         ]
     assert sources >= 9, "the scan found too few cells with picks: has the notebook format changed?"
     assert not missing, "picks without a gpu= value:\n" + "\n".join(missing)

@@ -27,7 +27,7 @@ def test_markdown_prints_the_plain_form_outside_jupyter(capsys):
 
 
 def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
-    from helpers import runner
+    from course import runner
 
     run = runner.NotebookRun(name="07_x", title="07 · x", status="passed", seconds=1.0)
     run.metrics = [{"name": "gap", "value": 0.5, "unit": "", "note": "|a - b| over\ntwo lines"}]

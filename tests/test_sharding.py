@@ -25,14 +25,11 @@ def test_formulas_divide_the_right_parts(world):
     assert sum(mixed.values()) == pytest.approx(parallelism.BF16_MIXED_ADAM.total * P / world)
 
 
-def test_deepspeed_recipe_reuses_notebook_01_figures():
+def test_deepspeed_keeps_an_fp32_master_copy_even_of_an_fp32_model():
+    """ZeRO's optimizer holds its own fp32 partition of the weights: fp32 Adam's 16 bytes plus 4."""
     r = sharding.DEEPSPEED_FP32
-    assert (r.weights, r.gradients, r.adam_moments) == (
-        parallelism.FP32_ADAM.weights,
-        parallelism.FP32_ADAM.gradients,
-        parallelism.FP32_ADAM.adam_moments,
-    )
-    assert r.master_weights == parallelism.BF16_MIXED_ADAM.master_weights
+    assert (r.weights, r.gradients, r.master_weights, r.adam_moments) == (4, 4, 4, 8)
+    assert r.total == parallelism.FP32_ADAM.total + 4 == 20
 
 
 @pytest.mark.parametrize("world", [2, 3, 8, 64])

@@ -7,7 +7,8 @@ import nbformat
 import polib
 import pytest
 
-from helpers import glossary, runner, translation
+from course import runner, translation
+from helpers import glossary
 from helpers.errors import CourseError
 
 NOTEBOOKS = runner.course_notebooks()

@@ -5,7 +5,7 @@ locale/zh_CN/LC_MESSAGES/<notebook>.po (msgctxt: the cell's id, msgid: its text)
 cell whose English changed keeps its old translation marked fuzzy, with the old English beside it; a
 cell that is gone becomes an obsolete entry. ``build`` writes notebooks/zh/<notebook>.ipynb: the English
 notebook with each markdown cell replaced by its translation; code cells, their outputs and metadata
-are the English ones. ``python -m helpers.translation`` (`make zh`) does both for every notebook.
+are the English ones. ``python -m course.translation`` (`make zh`) does both for every notebook.
 """
 
 import copy
@@ -17,8 +17,8 @@ from pathlib import Path
 import nbformat
 import polib
 
-from . import glossary, paths
-from .errors import CourseError
+from helpers import glossary, paths
+from helpers.errors import CourseError
 
 LANGUAGE = "zh_CN"
 CATALOGS = paths.ROOT / "locale" / LANGUAGE / "LC_MESSAGES"
@@ -193,7 +193,7 @@ def build(notebook: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    from .runner import course_notebooks
+    from course.runner import course_notebooks
 
     args = sys.argv[1:] if argv is None else argv
     only = [a for a in args if a != "--check"]

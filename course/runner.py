@@ -1,8 +1,8 @@
 """Execute the course: every notebook in order with papermill, then HTML pages and a run report.
 
-``python -m helpers.runner run [--profile P] [--only 05 ...]``  executes into build/executed/,
+``python -m course.runner run [--profile P] [--only 05 ...]``  executes into build/executed/,
 renders build/html/ and build/index.html, writes build/report.md and build/report.json.
-``python -m helpers.runner refresh`` re-executes the notebooks and stores their outputs in place.
+``python -m course.runner refresh`` re-executes the notebooks and stores their outputs in place.
 """
 
 from __future__ import annotations

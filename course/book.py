@@ -13,8 +13,9 @@ from pathlib import Path
 
 import nbformat
 
-from . import paths, report, translation
-from .runner import BUDGETS, NotebookRun, course_notebooks, title_of, write_report
+from course import translation
+from course.runner import BUDGETS, NotebookRun, course_notebooks, title_of, write_report
+from helpers import paths, report
 
 CONF = paths.ROOT / "book"
 # folder name of each edition, and the words its syllabus uses
