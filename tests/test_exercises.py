@@ -34,7 +34,7 @@ from helpers import (
     training,
     troubleshooting,
 )
-from helpers.exercises import check, checker
+from helpers.exercises import check, checker, nb03
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 N7B = parallelism.QWEN25_7B_PARAMETERS
@@ -265,7 +265,7 @@ EXERCISES = {
     "03.2": Exercise(
         lambda sizes, cap: ddp.expected_buckets(sizes, cap),
         [
-            (ddp._pack_strictly, "reaches its cap exactly is full"),
+            (nb03._pack_strictly, "reaches its cap exactly is full"),
             (lambda sizes, cap: ddp.expected_buckets(sizes, cap)[:-1] or [[]], None),
             (lambda sizes, cap: [[i] for i in range(len(sizes))], "pack into"),
             (lambda sizes, cap: [list(range(len(sizes)))], "pack into"),

@@ -1,8 +1,9 @@
 """Exercise checkers: a learner's answer goes in, a clear verdict comes out.
 
-A lesson module registers one checker per exercise with ``@checker("01.1")``; the notebook calls
-``check("01.1", answer)``. The solution cell (collapsed) asserts ``check(...)`` so CI proves that
-the reference answer passes.
+Each notebook's checkers live in a module of their own here (``nb01`` ... ``nb09``), one per exercise,
+registered with ``@checker("01.1")``; the notebook calls ``check("01.1", answer)``, which imports that
+module first. The solution cell (collapsed) asserts ``check(...)`` so CI proves that the reference answer
+passes.
 
 A checker returns ``(ok, message)`` or raises :class:`Wrong` with the message. The small core below
 fails closed: a number must be a finite real number (no bool, no string), a tensor must be finite, and
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dis
+import importlib
 import inspect
 import io
 import math
 import numbers
 import os
+import pkgutil
 import sys
 import traceback
 from collections.abc import Callable
@@ -45,8 +48,23 @@ def checker(exercise: str):
     return register
 
 
+def _load(exercise) -> None:
+    """Import the checker module of ``exercise``'s notebook (``"03.2"``: ``nb03``), if there is one."""
+    if not (isinstance(exercise, str) and exercise[:2].isdigit()):
+        return
+    name = f"{__name__}.nb{exercise[:2]}"
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as missing:
+        if missing.name != name:  # the module is there, but something it imports is not
+            raise
+
+
 def registered() -> list[str]:
-    """The exercises that have a checker, in order."""
+    """The exercises that have a checker, in order (every notebook's checker module is imported)."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("nb"):
+            _load(module.name[2:])
     return sorted(_CHECKERS)
 
 
@@ -85,7 +103,9 @@ def check(exercise: str, answer, solution: bool = False) -> Verdict:
     output is visible before the cell is opened, so it must not give the answer or the explanation away.
     """
     if exercise not in _CHECKERS:
-        raise KeyError(f"no checker is registered for exercise {exercise!r}; known: {sorted(_CHECKERS)}")
+        _load(exercise)
+    if exercise not in _CHECKERS:
+        raise KeyError(f"no checker is registered for exercise {exercise!r}; known: {registered()}")
     unanswered = f"Exercise {exercise}: not answered yet. Replace the placeholder and run the cell again."
     if answer is None or answer is Ellipsis or is_placeholder(answer):
         print(unanswered)

@@ -1,0 +1,257 @@
+"""Notebook 03's exercise checkers: ring time, bucket packing, link finish, all-reduce in two, a comm hook."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from helpers.ddp import ANATOMY_WIDTHS, MiB, expected_buckets, link_finish_times, make_batch, mlp, on_ranks
+from helpers.errors import CourseError
+from helpers.exercises import NotAnswered, Wrong, call, checker, close, items, number, shown
+
+
+def _forbidden(name: str, instead: str):
+    def refuse(*args, **kwargs):
+        raise CourseError(f"this exercise is built from {instead}, without dist.{name}")
+
+    return refuse
+
+
+@checker("03.4")
+def _all_reduce_in_two(fn):
+    """A function (tensor) -> the sum of every rank's ``tensor``, made of a reduce-scatter and an all-gather."""
+    import torch
+    import torch.distributed as dist
+
+    def rank_part(rank, world):
+        dist.all_reduce = _forbidden("all_reduce", "a reduce-scatter and an all-gather")  # this child only
+        got = {}
+        for length in (world, 4 * world, 12 * world):
+            mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
+            before = mine.clone()
+            out = fn(mine)
+            if out is None:
+                raise NotAnswered(
+                    f"on rank {rank} of {world}, all_reduce_in_two returned None (is a `return` missing?)."
+                )
+            if not isinstance(out, torch.Tensor) or out.dtype == torch.bool:
+                raise Wrong(
+                    f"on rank {rank} of {world}, all_reduce_in_two returned {shown(out)}, not a tensor."
+                )
+            got[length] = (out.detach().double().tolist(), torch.equal(mine, before))
+        return got
+
+    for world in (2, 3):
+        try:
+            per_rank = on_ranks(rank_part, world, timeout=30)
+        except CourseError as error:
+            return False, str(error)
+        for length in (world, 4 * world, 12 * world):
+            want = sum(
+                torch.arange(length, dtype=torch.float64) * (r + 1) + 0.5 * r for r in range(world)
+            ).tolist()
+            for rank, got in enumerate(per_rank):
+                values, untouched = got[length]
+                if not close(values, want, rel=1e-12):
+                    return (
+                        False,
+                        f"with {world} ranks and {length} numbers each, rank {rank} got {values}, not {want}.",
+                    )
+                if not untouched:
+                    return (
+                        False,
+                        "return a new tensor and leave the input as it was (the caller may still need it).",
+                    )
+    return True, (
+        "Reduce-scatter leaves each rank with one summed piece; all-gather hands every piece to everyone. "
+        "That is the ring all-reduce's two phases, and why ZeRO and FSDP can stop after the first one."
+    )
+
+
+@checker("03.5")
+def _averaging_hook(fn):
+    """A DDP comm hook (state, bucket) -> Future that averages the bucket over the ranks."""
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    unanswered = []
+
+    def yours(state, bucket):
+        """The learner's hook; one whose body is still `...` returns None: pass the bucket on unchanged."""
+        future = fn(state, bucket)
+        if future is None:
+            unanswered.append(True)
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+        elif not isinstance(future, (torch.futures.Future, torch._C.Future)):
+            raise Wrong(
+                f"average_hook returned {shown(future)}; DDP needs a torch.futures.Future of the bucket."
+            )
+        return future
+
+    def rank_part(rank, world):
+        grads = {}
+        for name, hook in (("theirs", None), ("yours", yours)):
+            net = DDP(mlp(ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1)
+            if hook is not None:
+                net.register_comm_hook(None, hook)
+            x, y = make_batch(ANATOMY_WIDTHS, 8, rank, "cpu")
+            F.mse_loss(net(x), y).backward()
+            grads[name] = [p.grad.clone() for p in net.parameters()]
+        if unanswered:
+            raise NotAnswered("average_hook returned None (is a `return` missing?); DDP needs a Future.")
+        return max(float((a - b).abs().max()) for a, b in zip(grads["theirs"], grads["yours"], strict=True))
+
+    try:
+        gaps = on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    if not all(gap <= 1e-6 for gap in gaps):  # a NaN gap fails too
+        return False, (
+            f"the gradients differ from DDP's own by up to {max(gaps, key=lambda g: g if g == g else math.inf)!r}: average, do not just add "
+            "(divide by dist.get_world_size()), and return the future of the all-reduce."
+        )
+    return True, (
+        "A comm hook gets each bucket as one flat tensor and returns a future of the averaged bucket; "
+        "compression hooks and PowerSGD are hooks of this shape."
+    )
+
+
+def ring_seconds(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """A ring all-reduce under the alpha-beta model: 2(n - 1) steps, each one message of nbytes / n."""
+    return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
+@checker("03.1")
+def _ring_time(fn):
+    """A function (nbytes, n, alpha, beta) -> seconds of a ring all-reduce under the alpha-beta model."""
+    links = ((0.0, 1 / 12.5e9), (5e-6, 1 / 12.5e9), (1e-3, 8 / 1e9), (2e-4, 0.0))
+    rng = random.Random(31)
+    cases = [
+        (nbytes, n, a, b)
+        for n in (1, 2, 3, 4, 8, 64)
+        for nbytes in (1024, 4 * MiB, 100 * MiB)
+        for a, b in links
+    ]
+    cases += [
+        (rng.randint(1, 10**9), rng.randint(1, 512), rng.uniform(0, 1e-3), rng.uniform(0, 1e-8))
+        for _ in range(30)
+    ]
+    for nbytes, n, alpha, beta in cases:
+        want = ring_seconds(nbytes, n, alpha, beta)
+        got = number(*call(fn, nbytes, n, alpha, beta), "seconds")
+        if close(got, want, rel=1e-9, abs_=1e-15):
+            continue
+        shown_ = f"n={n}, nbytes={nbytes}, alpha={alpha!r} s, beta={beta!r} s/byte"
+        if alpha > 0 and close(got, ring_seconds(nbytes, n, 0.0, beta), rel=1e-9):
+            raise Wrong(
+                f"with {shown_}: {got!r} seconds leaves out the latency; each of the 2(n-1) messages pays alpha."
+            )
+        if close(got, ring_seconds(nbytes, n, alpha, beta) / 2, rel=1e-9):
+            raise Wrong(
+                f"with {shown_}: {got!r} seconds is half of it; the reduce-scatter's n-1 steps are followed by n-1 all-gather steps."
+            )
+        raise Wrong(f"with {shown_} a ring all-reduce takes {want!r} seconds, not {got!r}.")
+    return True, (
+        "2(n-1) steps, each paying alpha once and moving nbytes/n: the bandwidth term approaches "
+        "2 x nbytes x beta whatever n (busbw's 2(n-1)/n), but the latency term grows with n. That is why "
+        "NCCL switches to trees for small messages on many ranks, and why DDP packs gradients into buckets."
+    )
+
+
+def _buckets_answer(got, said: str) -> list[list[int]]:
+    """The learner's buckets as lists of ints, or Wrong saying what shape they should have."""
+    buckets = items(got, said, None, (list, tuple), "a list of buckets, each a list of indices")
+    out = []
+    for bucket in buckets:
+        bucket = items(bucket, f"{said} a bucket", None, (list, tuple), "a list of indices")
+        for i in bucket:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise Wrong(f"{said} a bucket holding {shown(i)}; a bucket holds indices (ints) into sizes.")
+        out.append(list(bucket))
+    return out
+
+
+@checker("03.2")
+def _bucket_packing(fn):
+    """A function (sizes in gradient-ready order, cap_bytes) -> lists of indices, one list per bucket."""
+    rng = random.Random(3)
+    cases = [([40, 10240, 1024, 1048576, 4096, 2097152, 512, 131072], MiB)]
+    cases += [
+        ([500, 500, 1000, 1, 999, 300], 1000),
+        ([MiB, MiB], MiB),
+        ([1], 1),
+        ([2, 2, 2, 2], 4),
+    ]  # exact caps
+    cases += [([7], 1000), ([10, 20, 30], 10**9)]  # one bucket that never fills
+    cases += [
+        (
+            [rng.choice([4, 400, 40_000, 4_000_000]) for _ in range(rng.randint(1, 12))],
+            rng.choice([1, 800, 1000, MiB, 25 * MiB]),
+        )
+        for _ in range(40)
+    ]
+    for sizes, cap in cases:
+        want = expected_buckets(sizes, cap)
+        got = _buckets_answer(*call(fn, list(sizes), cap))
+        if got == want:
+            continue
+        strict = [b for b in _pack_strictly(sizes, cap)]
+        if got == strict:
+            raise Wrong(
+                f"sizes {sizes} with a cap of {cap} bytes pack into {want}, not {got}: a bucket that reaches its "
+                "cap exactly is full (close it when filled >= cap)."
+            )
+        if got == want[:-1]:
+            raise Wrong(
+                f"sizes {sizes} with a cap of {cap} bytes pack into {want}: the last, partly filled bucket goes out too."
+            )
+        raise Wrong(f"sizes {sizes} with a cap of {cap} bytes pack into {want}, not {got}.")
+    return True, "A bucket takes parameters in gradient-ready order and closes once it reaches its cap."
+
+
+def _pack_strictly(sizes, cap):
+    """The packing with a bucket closing only once it holds *more* than its cap: a common slip."""
+    buckets, current, filled = [], [], 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        filled += size
+        if filled > cap:
+            buckets.append(current)
+            current, filled = [], 0
+    return buckets + ([current] if current else [])
+
+
+@checker("03.3")
+def _link_finish(fn):
+    """A function (ready times, wire seconds) -> the time the last message is delivered on a serial link."""
+    rng = random.Random(7)
+    cases = [([0.0, 1.0, 2.0], [0.5, 0.5, 0.5]), ([0.0, 0.1, 0.2], [1.0, 1.0, 1.0]), ([5.0], [2.0])]
+    cases += [
+        ([3.0, 3.0, 3.0], [0.5, 1.0, 0.25]),
+        ([0.0, 4.0, 4.5], [3.0, 0.0, 0.1]),
+        ([1.0, 2.0], [0.0, 0.0]),
+    ]
+    for _ in range(40):
+        k = rng.randint(1, 8)
+        ready = sorted(rng.uniform(0, 10) for _ in range(k))
+        cases.append((ready, [rng.uniform(0, 3) for _ in range(k)]))
+    for ready, wire in cases:
+        want = link_finish_times(ready, wire)[-1]
+        got = number(*call(fn, list(ready), list(wire), show=f"last_delivery({ready}, {wire})"), "seconds")
+        if close(got, want, rel=1e-9):
+            continue
+        if close(got, ready[-1] + wire[-1], rel=1e-9):
+            raise Wrong(
+                f"ready at {ready} with wire times {wire}: the last one arrives at {want!r} s, not {got!r} s; "
+                "the link may still be busy with earlier buckets when the last one is ready."
+            )
+        raise Wrong(
+            f"ready at {ready} with wire times {wire}: the last one arrives at {want!r} s, not {got!r} s."
+        )
+    return True, (
+        "Each all-reduce starts when its bucket is ready AND the link is free. With overlap, only the "
+        "buckets still queued when backward ends add to the step time."
+    )
