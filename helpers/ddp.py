@@ -166,11 +166,6 @@ def bus_factor(n: int) -> float:
     return 2 * (n - 1) / n
 
 
-def ring_bytes_sent(nbytes: float, n: int) -> float:
-    """Bytes each rank sends in a ring all-reduce of ``nbytes``: (n - 1) chunks twice, each nbytes/n."""
-    return bus_factor(n) * nbytes
-
-
 def bandwidths(nbytes: float, seconds: float, n: int) -> dict:
     """algbw = bytes / time (what the caller sees); busbw = algbw x 2(n-1)/n (what each link carries)."""
     algbw = nbytes / seconds

@@ -230,16 +230,6 @@ def weight_bytes(folder) -> int:
     return total
 
 
-def size_ratio(part: float, whole: float, part_name: str = "part", whole_name: str = "whole") -> float:
-    """``part / whole`` for sizes, refusing a whole of 0 bytes (or less) with one sentence."""
-    if whole <= 0:
-        raise CourseError(
-            f"{whole_name} take {whole} bytes, so {part_name} cannot be given as a share of them; "
-            "check that the folder holds its files (a hub cache holds links to them)."
-        )
-    return part / whole
-
-
 # --- logits: base + adapter against the merged model -----------------------------------------------------
 
 

@@ -431,11 +431,6 @@ def lora_parameters(model: nn.Module, rank: int) -> int:
     )
 
 
-def training_state(n_params: int, recipe: Recipe) -> dict[str, int]:
-    """Bytes of each kind of training state for ``n_params`` trainable parameters under ``recipe``."""
-    return {part: n_params * b for part, b in recipe.parts().items()}
-
-
 def _millions(n: int) -> str:
     """A parameter count in words: 134.5 M, 7.62 B."""
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.4g} M"

@@ -54,16 +54,6 @@ def key_lines(text, *needles: str, width: int = 160) -> list[str]:
     return found
 
 
-def ranks_mentioning(lines, needle: str) -> list[int]:
-    """Which ranks printed a line containing ``needle`` (from the launcher's ``[rankN]:`` prefixes)."""
-    ranks = set()
-    for line in lines:
-        match = re.match(r"^\[rank(\d+)\]:", line)
-        if match and needle in line:
-            ranks.add(int(match.group(1)))
-    return sorted(ranks)
-
-
 # --- a script in one process, with a timeout ---------------------------------------------------------
 
 

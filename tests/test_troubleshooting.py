@@ -51,11 +51,6 @@ def test_key_lines_accepts_an_exception():
     assert troubleshooting.key_lines(error, "boom") == ["RuntimeError: boom"]
 
 
-def test_ranks_mentioning():
-    assert troubleshooting.ranks_mentioning(RANK_OUTPUT, "ready only once") == [0, 1]
-    assert troubleshooting.ranks_mentioning(RANK_OUTPUT, "index 7") == [1]
-
-
 def test_chat_dataset_is_swift_messages(tmp_path):
     path = troubleshooting.write_chat_dataset(tmp_path / "data", rows=5)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
