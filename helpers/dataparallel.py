@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import compare
 from helpers.errors import CourseError
 
 STEPS = (
@@ -397,14 +398,6 @@ def single_device_step(model: nn.Module, x, y, optimizer=None) -> float:
     return loss.item()
 
 
-def max_difference(a, b, grads: bool = False) -> float:
-    """Largest absolute difference between two models' weights (or their gradients)."""
-    pairs = zip(a.parameters(), b.parameters(), strict=True)
-    if grads:
-        return max((p.grad - q.grad).abs().max().item() for p, q in pairs)
-    return max((p.detach() - q.detach()).abs().max().item() for p, q in pairs)
-
-
 # --- measurements -------------------------------------------------------------------------------------
 
 
@@ -602,7 +595,7 @@ def torch_dataparallel_on_cpu(spec: ModelSpec, batch: int) -> dict:
         "calls": calls,
         "threads started": started[0],
         "max output difference": (out_plain - out_wrapped).abs().max().item(),
-        "max gradient difference": max_difference(plain, module, grads=True),
+        "max gradient difference": compare.largest_difference(compare.gradients(plain), compare.gradients(module)),
     }
 
 

@@ -168,11 +168,6 @@ def batchnorm_means(workers: Workers) -> list[torch.Tensor]:
     return [next(m for m in r.modules() if _is_batchnorm(m)).running_mean.clone() for r in workers.replicas]
 
 
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute element-wise difference between two tensors."""
-    return (a - b).abs().max().item()
-
-
 # --- 2. combining gradients: a network that counts bytes ------------------------------------------
 
 

@@ -62,10 +62,6 @@ def toy_model(
     return model
 
 
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def check_layout(samples: int, world: int, batch: int, accum: int) -> int:
     """Optimizer steps per epoch; stops unless the data splits into whole steps on every rank."""
     per_step = world * batch * accum
@@ -307,18 +303,6 @@ def partial_files(folder) -> list[Path]:
 def load_weights(path) -> dict[str, torch.Tensor]:
     state = torch.load(path, map_location="cpu", weights_only=True)
     return state.get("model", state)
-
-
-def max_weight_diff(a: dict, b: dict) -> float:
-    """Largest absolute difference between two state dicts with the same keys."""
-    if a.keys() != b.keys():
-        raise ValueError(f"different parameters: {sorted(set(a) ^ set(b))}")
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
-def max_tensor_diff(a, b) -> float:
-    """Largest absolute difference between two equally long lists of tensors."""
-    return max((x.double() - y.double()).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 def bit_equal(a: dict, b: dict) -> bool:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import compare
 from helpers import dataparallel as dp
 from helpers.errors import CourseError
 
@@ -24,8 +25,8 @@ def batch():
 
 def test_same_seed_same_model_and_batch():
     a, b = dp.make_model(SPEC, seed=3), dp.make_model(SPEC, seed=3)
-    assert dp.max_difference(a, b) == 0
-    assert dp.max_difference(a, dp.make_model(SPEC, seed=4)) > 0
+    assert compare.largest_difference(a, b) == 0
+    assert compare.largest_difference(a, dp.make_model(SPEC, seed=4)) > 0
     (x1, y1), (x2, y2) = dp.make_batch(SPEC, 6, seed=9), dp.make_batch(SPEC, 6, seed=9)
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert x1.shape == (6, SPEC.inputs) and int(y1.max()) < SPEC.classes
@@ -65,9 +66,9 @@ def test_gradients_and_update_equal_a_single_device_step(k, batch):
     trace = dp.ThreadedDataParallel(mine, k).step(*batch)
     loss = dp.single_device_step(reference, *batch)
     assert abs(trace.loss - loss) < 1e-6
-    assert dp.max_difference(mine, reference, grads=True) < 1e-6
-    assert dp.max_difference(mine, reference) < 1e-6
-    assert dp.max_difference(mine, dp.make_model(SPEC)) > 1e-4  # the update did change the weights
+    assert compare.largest_difference(compare.gradients(mine), compare.gradients(reference)) < 1e-6
+    assert compare.largest_difference(mine, reference) < 1e-6
+    assert compare.largest_difference(mine, dp.make_model(SPEC)) > 1e-4  # the update did change the weights
 
 
 def test_bytes_moved_follow_the_nine_steps(batch):
@@ -106,13 +107,13 @@ def test_replicas_get_the_main_weights_every_step(batch):
     parallel.step(*batch)  # step 2 of this step copied the weights after the first update
     before_update = parallel.replicas[1]
     assert before_update is not model and parallel.replicas[0] is model
-    assert dp.max_difference(before_update, model) > 0  # the second update happened after replication
+    assert compare.largest_difference(before_update, model) > 0  # the second update happened after replication
     parallel.step(*batch)
     reference = dp.make_model(SPEC)
     optimizer = dp.make_optimizer(reference)
     for _ in range(3):
         dp.single_device_step(reference, *batch, optimizer)
-    assert dp.max_difference(model, reference) < 1e-6
+    assert compare.largest_difference(model, reference) < 1e-6
 
 
 def test_threads_errors_reach_the_caller():
@@ -170,7 +171,7 @@ def test_threaded_training_equals_one_device_training():
     threaded, t1 = dp.train_threaded(SPEC, BATCH, steps=3, k=2)
     single, t2 = dp.train_single_device(SPEC, BATCH, steps=3)
     assert len(t1) == len(t2) == 3
-    assert dp.max_difference(threaded, single) < 1e-6
+    assert compare.largest_difference(threaded, single) < 1e-6
     dp.plot_dp_vs_ddp({"threads": t1, "one device": t2})
 
 

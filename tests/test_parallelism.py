@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import compare
 from helpers import parallelism as par
+from helpers.errors import CourseError
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +42,7 @@ def test_mean_of_equal_shard_gradients_is_the_full_batch_gradient(workers):
     run = par.simulate(model, LOSS, x, y, workers)
     assert run.sizes == [6] * workers
     assert all(par.same_weights(r, model) and r is not model for r in run.replicas)
-    assert par.max_diff(run.mean(), par.gradient(model, LOSS, x, y)) < 1e-10
+    assert compare.largest_difference(run.mean(), par.gradient(model, LOSS, x, y)) < 1e-10
 
 
 def test_mlp_is_reproducible_and_leaves_the_global_random_state_alone():
@@ -65,8 +67,8 @@ def test_unequal_shards_need_weights():
     run = par.simulate(model, LOSS, x, y, 3, sizes=sizes)
     full = par.gradient(model, LOSS, x, y)
     assert run.sizes == sizes
-    assert par.max_diff(run.mean(), full) > 1e-4
-    assert par.max_diff(run.weighted_mean(), full) < 1e-10
+    assert compare.largest_difference(run.mean(), full) > 1e-4
+    assert compare.largest_difference(run.weighted_mean(), full) < 1e-10
     with pytest.raises(ValueError):
         par.simulate(model, LOSS, x, y, 2, sizes=sizes)
 
@@ -77,16 +79,16 @@ def test_sum_loss_averaged_is_n_times_too_small_and_summed_is_right():
     sum_loss = nn.CrossEntropyLoss(reduction="sum")
     run = par.simulate(model, sum_loss, x, y, 3)
     full = par.gradient(model, sum_loss, x, y)
-    assert par.max_diff(run.total(), full) < 1e-10
-    assert par.max_diff(run.mean() * 3, full) < 1e-10
-    assert par.max_diff(run.mean(), full) > 1e-3
+    assert compare.largest_difference(run.total(), full) < 1e-10
+    assert compare.largest_difference(run.mean() * 3, full) < 1e-10
+    assert compare.largest_difference(run.mean(), full) > 1e-3
 
 
 def test_synced_statistics_are_the_full_batch_statistics():
     h = torch.randn(20, 7, dtype=torch.float64)
     mean, var = par.synced_statistics(list(torch.split(h, [3, 8, 9])))
     want_var, want_mean = torch.var_mean(h, dim=0, unbiased=False)
-    assert par.max_diff(mean, want_mean) < 1e-12 and par.max_diff(var, want_var) < 1e-12
+    assert compare.largest_difference(mean, want_mean) < 1e-12 and compare.largest_difference(var, want_var) < 1e-12
 
 
 def test_batchnorm_per_shard_is_wrong_and_synced_matches_full_batch():
@@ -96,11 +98,11 @@ def test_batchnorm_per_shard_is_wrong_and_synced_matches_full_batch():
     full = par.gradient(one, LOSS, x, y)
     local = par.simulate(model, LOSS, x, y, 4)
     synced = par.simulate(model, LOSS, x, y, 4, sync_batchnorm=True)
-    assert par.max_diff(local.mean(), full) > 1e-4
-    assert par.max_diff(synced.mean(), full) < 1e-10
+    assert compare.largest_difference(local.mean(), full) > 1e-4
+    assert compare.largest_difference(synced.mean(), full) < 1e-10
     for r in synced.replicas:
-        assert par.max_diff(r[1].running_mean, one[1].running_mean) < 1e-12
-        assert par.max_diff(r[1].running_var, one[1].running_var) < 1e-12
+        assert compare.largest_difference(r[1].running_mean, one[1].running_mean) < 1e-12
+        assert compare.largest_difference(r[1].running_var, one[1].running_var) < 1e-12
         assert r[1].num_batches_tracked.item() == 1
     means = par.batchnorm_means(local)
     assert not torch.equal(means[0], means[1])
@@ -112,7 +114,7 @@ def test_sync_batchnorm_without_batchnorm_equals_plain_simulation():
     plain = par.simulate(model, LOSS, x, y, 3)
     lockstep = par.simulate(model, LOSS, x, y, 3, sync_batchnorm=True)
     for a, b in zip(plain.grads, lockstep.grads, strict=True):
-        assert par.max_diff(a, b) < 1e-12
+        assert compare.largest_difference(a, b) < 1e-12
 
 
 def test_sync_batchnorm_needs_a_sequential():
@@ -154,7 +156,7 @@ def test_both_schemes_leave_the_sum_on_every_worker(scheme, workers, numel):
     results = scheme(grads, par.Network(workers))
     want = torch.stack(originals).sum(0)
     assert len(results) == workers
-    assert all(par.max_diff(r, want) < 1e-12 for r in results)
+    assert all(compare.largest_difference(r, want) < 1e-12 for r in results)
     assert all(torch.equal(r, results[0]) for r in results)
     assert all(torch.equal(g, o) for g, o in zip(grads, originals, strict=True)), "inputs must stay untouched"
 
@@ -216,7 +218,7 @@ def test_training_with_n_workers_follows_one_worker():
     one = par.train(start, x, y, workers=1, steps=12, batch=12)
     four = par.train(start, x, y, workers=4, steps=12, batch=12)
     assert max(abs(a - b) for a, b in zip(one["losses"], four["losses"], strict=True)) < 1e-10
-    assert par.max_diff(par.flat_params(one["replicas"][0]), par.flat_params(four["replicas"][0])) < 1e-10
+    assert compare.largest_difference(par.flat_params(one["replicas"][0]), par.flat_params(four["replicas"][0])) < 1e-10
     assert all(par.same_weights(r, four["replicas"][0]) for r in four["replicas"])
     assert not par.same_weights(four["replicas"][0], start), "training changed the copies"
     assert par.same_weights(par.mlp(seed=1), start), "the starting model itself is left alone"
@@ -295,3 +297,37 @@ def test_plots_draw_what_they_are_given():
 # --- exercise checkers ------------------------------------------------------------------------------
 
 
+
+
+# --- comparing results ------------------------------------------------------------------------------
+
+
+def test_largest_difference_takes_tensors_lists_state_dicts_and_models():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    assert compare.largest_difference(a, a + torch.tensor([0.0, -0.5, 0.25])) == 0.5
+    assert compare.largest_difference([a, a], [a, a * 2]) == 3.0
+    m1, m2 = nn.Linear(2, 2), nn.Linear(2, 2)
+    assert compare.largest_difference(m1, m1) == 0
+    assert compare.largest_difference(m1.state_dict(), m2.state_dict()) == compare.largest_difference(m1, m2) > 0
+    x = torch.ones(3, 2)
+    m1(x).sum().backward()
+    m2(x).sum().backward()
+    assert compare.largest_difference(compare.gradients(m1), compare.gradients(m2)) == 0  # dL/dW = x for both
+    small = torch.tensor([1.0], dtype=torch.float32)
+    assert compare.largest_difference(small, small + 2**-23) == 2**-23  # float64: not rounded again
+
+
+@pytest.mark.parametrize(
+    "a, b, words",
+    [
+        ([torch.ones(2)], [torch.ones(2), torch.ones(2)], "not have the same parts"),
+        ({"w": torch.ones(2)}, {"v": torch.ones(2)}, "not have the same parts"),
+        (torch.ones(3), torch.ones(1), "shape (3,) in one result and (1,)"),
+        (1.0, torch.ones(1), "is a float"),
+    ],
+)
+def test_largest_difference_refuses_results_that_do_not_match_in_one_sentence(a, b, words):
+    with pytest.raises(CourseError) as info:
+        compare.largest_difference(a, b)
+    message = str(info.value)
+    assert words in message and message.endswith(".") and "\n" not in message, message

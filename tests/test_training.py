@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import launching, paths, training
+from helpers import compare, launching, paths, training
 from helpers.errors import CourseError
+from helpers.parallelism import count_parameters
 
 # --- deterministic toys -----------------------------------------------------------------------------
 
@@ -30,7 +31,7 @@ def test_toy_data_and_model_are_deterministic_and_leave_the_global_rng_alone():
     assert torch.equal(torch.rand(3), expected), "building a toy model must not consume the global RNG"
     assert training.bit_equal(m1.state_dict(), m2.state_dict())
     assert not training.bit_equal(m1.state_dict(), training.toy_model(32, seed=1).state_dict())
-    assert training.parameter_count(m1) == 32 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
+    assert count_parameters(m1) == 32 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
 
 
 # --- DistributedSampler ---------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ def test_threaded_dataparallel_step_matches_a_plain_step():
     main = training.toy_model(24)
     replicas = [main, training.toy_model(24, seed=5)]  # the copy step must overwrite these weights
     training._dp_step(main, replicas, torch.optim.Adam(main.parameters(), lr=1e-3), x, y)
-    assert training.max_weight_diff(plain.state_dict(), main.state_dict()) < 1e-6
+    assert compare.largest_difference(plain.state_dict(), main.state_dict()) < 1e-6
     torch.manual_seed(0)
     expected = torch.rand(1)
     torch.manual_seed(0)
@@ -209,7 +210,7 @@ def test_threaded_dataparallel_step_matches_a_plain_step():
     dp = training.dataparallel_stepper(24, 2, x, y)
     dp()
     assert torch.equal(torch.rand(1), expected)  # neither stepper touches the global RNG
-    assert training.parameter_count(again) == training.parameter_count(plain)
+    assert count_parameters(again) == count_parameters(plain)
 
 
 def test_event_log_and_fault_story(tmp_path):
@@ -235,7 +236,7 @@ def test_comparisons_and_throughput():
     a = {"w": torch.tensor([1.0, 2.0])}
     b = {"w": torch.tensor([1.0, 2.5])}
     assert training.bit_equal(a, a) and not training.bit_equal(a, b)
-    assert training.max_weight_diff(a, b) == 0.5
+    assert compare.largest_difference(a, b) == 0.5
     assert training.slowest_rank_steps([[1, 4], [2, 3]]) == [2, 4]
     assert training.samples_per_second([0.5, 1.0, 2.0], 10, 2) == 20.0
     assert {"cores", "load average (1 min)"} <= set(training.machine_load())
