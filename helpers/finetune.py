@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -72,14 +71,7 @@ def read_jsonl(path) -> list[dict]:
 
 def write_jsonl(path, rows) -> Path:
     """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return paths.write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def self_cognition_rows(folder=SELF_COGNITION) -> list[dict]:
@@ -405,7 +397,7 @@ def _build_once(target: Path, build) -> bool:
     """
     if (target / "stats.json").is_file():
         return False
-    with _locked(target):
+    with paths.locked(target):
         if (target / "stats.json").is_file():
             return False
         tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -882,17 +874,6 @@ def latest_path() -> Path:
     return paths.outputs_dir() / LATEST_FILE
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, **extra) -> Path:
     """Record the adapter notebook 07 should use under ``profile``, atomically (keys: module docstring)."""
     check_adapter(checkpoint)
@@ -910,12 +891,10 @@ def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, 
         **extra,
     }
     path = latest_path()
-    with _locked(path):
+    with paths.locked(path):
         records = json.loads(path.read_text()) if path.is_file() else {}
         records[profile] = record
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(records, indent=1, ensure_ascii=False))
-        os.replace(tmp, path)
+        paths.write_atomic(path, json.dumps(records, indent=1, ensure_ascii=False))
     return path
 
 

@@ -84,11 +84,7 @@ def save_result(data) -> Path | None:
     if not folder:
         return None
     rank = int(os.environ.get("RANK", "0"))
-    path = Path(folder) / f"rank{rank}.json"
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-    return path
+    return paths.write_atomic(Path(folder) / f"rank{rank}.json", json.dumps(data))
 
 
 def finish() -> None:

@@ -11,8 +11,6 @@ with a manifest of its files; a directory whose manifest does not match is rebui
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import importlib.util
 import json
 import os
@@ -144,17 +142,6 @@ def _remove_leftovers(target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _lock(target: Path):
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build_once(target: Path, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
     """Make ``target`` with ``build(tmp_dir)``, unless a complete one is already there.
 
@@ -163,7 +150,7 @@ def build_once(target: Path, build: Callable[[Path], None], *, force: bool = Fal
     ``target`` at all. An existing ``target`` that fails :func:`check` is removed and rebuilt.
     """
     target = Path(target)
-    with _lock(target):
+    with paths.locked(target):
         _remove_leftovers(target)
         problem = check(target)
         if problem is None and not force:

@@ -1,5 +1,7 @@
-"""Where things live: the repository, its notebooks, and build/ for everything a run produces."""
+"""Where things live: the repository, its notebooks, and build/ for everything a run produces; and writing
+there safely (a whole file or none, one process at a time)."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -162,3 +164,34 @@ def prune_outputs(keep: int, dry_run: bool = False) -> list[tuple[Path, int]]:
             if not dry_run:
                 shutil.rmtree(folder)
     return deleted
+
+
+# --- writing there safely ----------------------------------------------------------------------------
+
+
+def write_atomic(path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one, never a part:
+    a temporary sibling, renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold an exclusive lock on ``path`` (a ``.<name>.lock`` file beside it) within the block: one process
+    at a time builds or rewrites it."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+

@@ -103,3 +103,30 @@ def test_relative_text_drops_the_checkout_and_home_folders():
     text = f"--model {paths.ROOT}/build/models/m --cache {Path.home()}/.cache/modelscope cwd={paths.ROOT}"
     assert paths.relative_text(text) == "--model build/models/m --cache ~/.cache/modelscope cwd=."
     assert paths.relative_text("/usr/bin/python") == "/usr/bin/python"
+
+
+def test_an_atomic_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "deep" / "record.json"
+    assert paths.write_atomic(target, "old") == target and target.read_text() == "old"
+    paths.write_atomic(target, "新的")
+    assert target.read_text(encoding="utf-8") == "新的"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["record.json"]
+
+
+def test_a_lock_lets_one_process_in_at_a_time(tmp_path):
+    import multiprocessing
+    import time
+
+    target = tmp_path / "model"
+    with paths.locked(target):
+        child = multiprocessing.get_context("fork").Process(target=_take_lock, args=(target,))
+        child.start()
+        time.sleep(0.5)
+        assert child.is_alive(), "the second process got the lock while the first held it"
+    child.join(10)
+    assert child.exitcode == 0
+
+
+def _take_lock(target):
+    with paths.locked(target):
+        pass
