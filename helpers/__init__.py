@@ -1,7 +1,8 @@
 """The course's small library, one module per concept: what a lesson imports (the course's own tooling is in
 course/, ARCHITECTURE.md).
 
-- paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are
+- paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are; writing there
+             atomically, one process at a time
 - errors     CourseError: a one-sentence error for learners, shown without a traceback
 - profiles   cpu / gpu / smoke / auto: resolve and validate a notebook's parameters; the gpu profile's dtype,
              and the ranks a lesson runs on one GPU
@@ -13,7 +14,8 @@ course/, ARCHITECTURE.md).
 - environment installed versions against the pins, accelerators and distributed backends
 - report     record a notebook's key metrics (collected into the run report) and show tables
 - plots      the course's plot style and a timeline of measured intervals
-- exercises  checkers that tell a learner whether an exercise answer is right
+- compare    how far apart two results are (tensors, gradients, state dicts, models)
+- exercises  check() and its verdicts; each notebook's checkers in exercises/nbNN.py
 
 One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
