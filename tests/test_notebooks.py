@@ -171,7 +171,7 @@ def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
     mini_notebook(lessons / "03_never_reached.ipynb", fails=False)
     build = tmp_path / "build"
     driver = (
-        "import sys; from pathlib import Path; from helpers import paths, runner\n"
+        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
         f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
         f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
     )
