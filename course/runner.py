@@ -599,7 +599,7 @@ def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bo
     ``illustrate_seed`` adds, as comments, the ``swift sft`` notebook 06 runs with the seed's model and recipe."""
     import shlex
 
-    from helpers import finetune, models, profiles
+    from helpers import models, profiles, sft
 
     env = gpu_check_env(shape_on_cpu)
     folder = Path(env["COURSE_BUILD_DIR"])
@@ -628,13 +628,13 @@ def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bo
         seed = models.ModelInfo(
             name=profiles.GPU_DEFAULT_MODEL, path=profiles.GPU_DEFAULT_MODEL, source="ModelScope"
         )
-        plan, note = finetune.seed_recipe(
+        plan, note = sft.seed_recipe(
             seed, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
             model_author=("并行训练营", "Parallel Training Camp"), inherit=False,
         )  # fmt: skip
         shown = f"# and what notebook 06 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
         lines.append(shown + (f" ({note})" if note else "") + ":")
-        lines += ["#   " + line for line in finetune.shell_command(plan).splitlines()]
+        lines += ["#   " + line for line in sft.shell_command(plan).splitlines()]
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,12 @@ One module per lesson concept, each explained in its notebook:
 - ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce, alpha-beta fits
 - netlab        03, 04: nodes as network namespaces on a rate-limited link, for torchrun across them
 - training      04: toy data and model, sampler shards, atomic checkpoints, counted all-reduces
-- finetune      06: the course's SWIFT data, arguments and logs
+- selfcog       06: the self-cognition data, its placeholders and the held-out questions
+- answering     06, 07: SWIFT's inference engine in the kernel, and the base model's own general answers
+- sft           06: `swift sft` as one plan (flags or SftArguments), the seed's recipe, SWIFT's logs
+- lora          06, 07: a trained adapter checked, fingerprinted and recorded for notebook 07
+- scoring       06, 07: whole answers scored on the held-out questions, per language
+- web           06: SWIFT's Web-UI started, reached, seen and stopped
 - inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
 - sharding      08: device_map placement, DDP+device_map grouping, ZeRO / FSDP bytes and traffic
 - troubleshooting 09: the seed's four tips reproduced, and debugging a hang

@@ -4,8 +4,8 @@ Notebook 07 takes the adapter notebook 06 recorded (:func:`recorded_adapter`), m
 model with ``swift export --merge_lora true`` (:func:`export_flags`), checks that the merged weights give
 the logits the base model plus the adapter gives (:func:`prompt_batch`, :func:`logits`, :func:`largest_gap`),
 asks questions with ``swift infer`` on a question file (:func:`write_questions`, :func:`infer_flags`,
-:func:`read_answers`) and with SWIFT's Python engine (``finetune.Chat``, :func:`stream`), and compares
-the answers (:func:`same_answers`); ``finetune.score`` scores them on the held-out questions.
+:func:`read_answers`) and with SWIFT's Python engine (``answering.Chat``, :func:`stream`), and compares
+the answers (:func:`same_answers`); ``scoring.score`` scores them on the held-out questions.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import finetune, launching, models, paths
+from helpers import answering, launching, lora, models, paths, selfcog
 from helpers.errors import CourseError
 
 QUESTIONS_FILE = "questions.jsonl"
@@ -25,10 +25,10 @@ ANSWERS_FILE = "answers.jsonl"
 
 def recorded_adapter(profile: str) -> dict:
     """The record notebook 06 wrote for ``profile``, checked: the adapter exists, is LoRA, is unchanged."""
-    record = finetune.load_latest(profile)
+    record = lora.load_latest(profile)
     if record is None:
         raise CourseError(
-            f"no adapter is recorded for the {profile} profile in {finetune.latest_path()}; "
+            f"no adapter is recorded for the {profile} profile in {lora.latest_path()}; "
             f"run notebook 06 first (make run PROFILE={profile} ONLY=06)."
         )
     checkpoint = Path(record["checkpoint"])
@@ -37,8 +37,8 @@ def recorded_adapter(profile: str) -> dict:
             f"the adapter notebook 06 recorded, {checkpoint}, is gone; "
             f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
         )
-    finetune.check_adapter(checkpoint)
-    if not finetune.untouched(record):
+    lora.check_adapter(checkpoint)
+    if not lora.untouched(record):
         raise CourseError(
             f"the adapter in {checkpoint} changed after notebook 06 recorded it; "
             f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
@@ -176,7 +176,7 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
 
 def write_questions(path, questions) -> Path:
     """A question file for ``swift infer --val_dataset``: one ``{"query": ...}`` per line."""
-    return finetune.write_jsonl(path, [{"query": q} for q in questions])
+    return selfcog.write_jsonl(path, [{"query": q} for q in questions])
 
 
 def read_answers(path, questions) -> list[str]:
@@ -185,7 +185,7 @@ def read_answers(path, questions) -> list[str]:
     if not path.is_file():
         raise CourseError(f"{path} does not exist; did swift infer finish?")
     by_question = {}
-    for row in finetune.read_jsonl(path):
+    for row in selfcog.read_jsonl(path):
         users = [m["content"] for m in row.get("messages", []) if m.get("role") == "user"]
         if users:
             by_question[users[-1]] = row["response"].strip()
@@ -238,8 +238,8 @@ def prompt_batch(template, questions, system=None) -> dict:
     with an attention mask: the prompts exactly as SWIFT's engine builds them."""
     from swift import InferRequest
 
-    return finetune.pad_right(
-        [template.encode(InferRequest(messages=finetune.messages(q, system)))["input_ids"] for q in questions]
+    return answering.pad_right(
+        [template.encode(InferRequest(messages=answering.messages(q, system)))["input_ids"] for q in questions]
     )
 
 
@@ -274,7 +274,7 @@ def merged_weight_errors(base_dir, adapter_dir, merged_dir) -> dict:
     """
     import torch
 
-    config = finetune.check_adapter(adapter_dir)
+    config = lora.check_adapter(adapter_dir)
     if config.get("use_dora") or config.get("use_rslora") or config.get("fan_in_fan_out"):
         raise CourseError("this check knows plain LoRA only (no DoRA, rsLoRA or fan_in_fan_out).")
     scale = config["lora_alpha"] / config["r"]
@@ -323,14 +323,14 @@ def _read(file: Path, name: str):
 # --- streaming: one answer, piece by piece --------------------------------------------------------------
 
 
-def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) -> list[str]:
+def stream(chat: answering.Chat, question: str, max_tokens: int = 48, out=print) -> list[str]:
     """Ask ``question`` with streaming output: each piece is shown as it arrives; returns the pieces."""
     from swift import InferRequest, RequestConfig
 
     if chat.engine is None:
         raise CourseError("this Chat was closed; create a new one.")
     [chunks] = chat.engine.infer(
-        [InferRequest(messages=finetune.messages(question, chat.system))],
+        [InferRequest(messages=answering.messages(question, chat.system))],
         RequestConfig(max_tokens=max_tokens, temperature=0, stream=True),
         use_tqdm=False,
     )
@@ -351,4 +351,4 @@ def stream(chat: finetune.Chat, question: str, max_tokens: int = 48, out=print) 
 
 def same_answers(a, b) -> int:
     """How many answers of two lists are the same text."""
-    return sum(finetune._text(x).strip() == finetune._text(y).strip() for x, y in zip(a, b, strict=True))
+    return sum(answering._text(x).strip() == answering._text(y).strip() for x, y in zip(a, b, strict=True))

@@ -450,7 +450,7 @@ def provide(profile) -> ModelInfo:
 # --- using a model -----------------------------------------------------------------------------
 
 
-# Every model this kernel loaded through the course (load, finetune.Chat), held weakly: release() checks
+# Every model this kernel loaded through the course (load, answering.Chat), held weakly: release() checks
 # that none is still alive once a notebook is done with them.
 _LOADED: weakref.WeakSet = weakref.WeakSet()
 
@@ -471,6 +471,18 @@ def load(info: ModelInfo, device: str = "cpu", dtype: str | None = None):
     tokenizer = AutoTokenizer.from_pretrained(info.path)
     model = AutoModelForCausalLM.from_pretrained(info.path, dtype=dtype).to(device).eval()
     return hold(model), tokenizer
+
+
+def free_memory() -> None:
+    """Collect what Python no longer references and hand cached GPU memory back to the driver, so that the
+    next model (or a ``swift`` process) can have it: PyTorch's allocator keeps freed blocks otherwise."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def release() -> str:

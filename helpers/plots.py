@@ -320,7 +320,7 @@ def training_curves(
     runs: dict, *, metrics=(("loss", "loss"), ("token_acc", "token accuracy")), title: str = ""
 ):
     """One panel per metric, side by side, one line per run. ``runs`` maps a label to an object with
-    ``steps`` and the metric attributes (e.g. ``helpers.finetune.RunLog``), all as measured."""
+    ``steps`` and the metric attributes (e.g. ``helpers.sft.RunLog``), all as measured."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False)

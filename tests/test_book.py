@@ -10,13 +10,13 @@ from urllib.parse import quote, urldefrag, urljoin, urlparse
 import pytest
 
 from course import book, runner
-from helpers import finetune
+from helpers import web
 
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium():
     """CI must have Chromium (.ci/run installs it; notebook 06 checks the Web-UI with it too); elsewhere skip."""
-    if finetune.chromium() is None:
+    if web.chromium() is None:
         if os.environ.get("CI") == "true":
             pytest.fail("chromium is not installed; .ci/run installs it with apt-get install -y chromium")
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")
@@ -174,12 +174,12 @@ def test_links_out_of_the_site_are_only_to_the_web(site, pages):
 
 
 def test_browse_reads_a_built_page_and_photographs_it(site, tmp_path):
-    """finetune.browse (notebook 06's Web-UI cell) over helpers.browser: the page's HTML once its scripts
+    """web.browse (notebook 06's Web-UI cell) over helpers.browser: the page's HTML once its scripts
     are done, and a 1280x900 PNG of it."""
     import struct
 
     shot = tmp_path / "page.png"
-    html = finetune.browse(site + "en/index.html", "--dump-dom", f"--screenshot={shot}")
+    html = web.browse(site + "en/index.html", "--dump-dom", f"--screenshot={shot}")
     assert "<h1" in html and "Syllabus" in html and "language-switch" in html
     head = shot.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (1280, 900)

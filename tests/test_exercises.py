@@ -23,16 +23,21 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from helpers import (
+    answering,
     dataparallel,
     ddp,
     environment,
     exercises,
-    finetune,
     inference,
+    lora,
     parallelism,
+    scoring,
+    selfcog,
+    sft,
     sharding,
     training,
     troubleshooting,
+    web,
 )
 from helpers.exercises import check, checker, nb03
 
@@ -713,7 +718,12 @@ NOTEBOOK_STATE = {
     "ddp": ddp,
     "training": training,
     "environment": environment,
-    "finetune": finetune,
+    "selfcog": selfcog,
+    "answering": answering,
+    "sft": sft,
+    "lora": lora,
+    "scoring": scoring,
+    "web": web,
     "inference": inference,
     "sharding": sharding,
     "troubleshooting": troubleshooting,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import swift_cli
 
-from helpers import finetune, models
+from helpers import answering, lora, models, scoring, selfcog, sft, web
 from helpers.errors import CourseError
 from helpers.exercises import check
 
@@ -18,7 +18,7 @@ NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp
 
 
 def test_self_cognition_data_is_large_bilingual_and_uses_the_placeholders():
-    rows = finetune.self_cognition_rows()
+    rows = selfcog.self_cognition_rows()
     assert len(rows) >= 60
     assert {r["tag"] for r in rows} == {"zh", "en"}
     assert min(sum(r["tag"] == t for r in rows) for t in ("zh", "en")) >= 30
@@ -33,50 +33,50 @@ def test_self_cognition_data_is_large_bilingual_and_uses_the_placeholders():
 def test_the_folder_is_matched_to_swifts_self_cognition_dataset():
     from swift.dataset.dataset_syntax import DatasetSyntax
 
-    assert finetune.SELF_COGNITION.name == "self-cognition"
-    meta = DatasetSyntax.parse(str(finetune.SELF_COGNITION)).get_dataset_meta(False)
+    assert selfcog.SELF_COGNITION.name == "self-cognition"
+    meta = DatasetSyntax.parse(str(selfcog.SELF_COGNITION)).get_dataset_meta(False)
     assert meta.dataset_name == "self-cognition"
     assert meta.ms_dataset_id == "swift/self-cognition"
 
 
 def test_heldout_questions_are_in_no_training_data():
-    held = finetune.heldout()
-    identity = finetune.heldout(kind="identity")
-    general = finetune.heldout(kind="general")
+    held = selfcog.heldout()
+    identity = selfcog.heldout(kind="identity")
+    general = selfcog.heldout(kind="general")
     assert len(identity) + len(general) == len(held)
     assert {r["tag"] for r in identity} == {"zh", "en"} and len(identity) >= 16
     assert len(general) >= 8 and all(r["expect"] for r in general)
     assert any(r["query"] == "What is the capital of France?" for r in general)
-    assert finetune.leaked_heldout() == []
-    assert len(finetune.general_questions()) >= 24
+    assert selfcog.leaked_heldout() == []
+    assert len(selfcog.general_questions()) >= 24
 
 
 def test_fill_follows_swifts_rule_zh_value_for_zh_rows():
     zh = {"query": "你是谁？", "response": "我是{{NAME}}，由{{AUTHOR}}训练。", "tag": "zh"}
     en = {"query": "Who made {{NAME}}?", "response": "{{AUTHOR}} made {{NAME}}.", "tag": "en"}
-    assert finetune.fill(zh, NAME, AUTHOR)["response"] == "我是小课，由并行训练营训练。"
-    assert finetune.fill(en, NAME, AUTHOR) == {
+    assert selfcog.fill(zh, NAME, AUTHOR)["response"] == "我是小课，由并行训练营训练。"
+    assert selfcog.fill(en, NAME, AUTHOR) == {
         "query": "Who made XiaoKe?",
         "response": "Parallel Training Camp made XiaoKe.",
         "tag": "en",
     }
-    assert finetune.fill(en, "Solo", "Me")["response"] == "Me made Solo."  # one name serves both
+    assert selfcog.fill(en, "Solo", "Me")["response"] == "Me made Solo."  # one name serves both
     assert "{{" in zh["response"], "the row itself is not changed"
 
 
 @pytest.mark.parametrize("bad", ["", [], ["a", "b", "c"], ["a", ""], 3, None])
 def test_pair_rejects_what_swift_cannot_use(bad):
     with pytest.raises(CourseError, match="MODEL_NAME"):
-        finetune.pair(bad, "MODEL_NAME")
+        selfcog.pair(bad, "MODEL_NAME")
 
 
 def test_trim_to_sentence():
-    assert finetune.trim_to_sentence("It is 100.0 degrees. Then it boils and") == "It is 100.0 degrees."
-    assert finetune.trim_to_sentence('Called "mossy grass." However the') == 'Called "mossy grass."'
-    assert finetune.trim_to_sentence("我是小课。我来自") == "我是小课。"
-    assert finetune.trim_to_sentence("Really? Yes! And then") == "Really? Yes!"
-    assert finetune.trim_to_sentence("no sentence end here") is None
-    assert finetune.trim_to_sentence("version 2.5 is out") is None
+    assert answering.trim_to_sentence("It is 100.0 degrees. Then it boils and") == "It is 100.0 degrees."
+    assert answering.trim_to_sentence('Called "mossy grass." However the') == 'Called "mossy grass."'
+    assert answering.trim_to_sentence("我是小课。我来自") == "我是小课。"
+    assert answering.trim_to_sentence("Really? Yes! And then") == "Really? Yes!"
+    assert answering.trim_to_sentence("no sentence end here") is None
+    assert answering.trim_to_sentence("version 2.5 is out") is None
 
 
 # --- general data: made once per model, cached ------------------------------------------------------
@@ -90,9 +90,9 @@ class FakeChat:
     def ask(self, questions, max_tokens=48):
         self.calls += 1
         replies = [
-            finetune.Answer("A whole answer.", True),
-            finetune.Answer("First sentence. Cut in the mid", False),
-            finetune.Answer("no sentence at all", False),
+            answering.Answer("A whole answer.", True),
+            answering.Answer("First sentence. Cut in the mid", False),
+            answering.Answer("no sentence at all", False),
         ]
         return [replies[i % 3] for i in range(len(questions))]
 
@@ -101,16 +101,16 @@ def test_general_answers_are_trimmed_cached_and_keyed_by_model(tmp_path, monkeyp
     monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path))
     chat = FakeChat()
     questions = ["q1?", "q2?", "q3?", "q4?"]
-    first = finetune.general_answers(chat, questions)
+    first = answering.general_answers(chat, questions)
     assert not first.cached and chat.calls == 1
     assert (first.asked, first.finished, first.trimmed, first.dropped) == (4, 2, 1, 1)
     assert [r["response"] for r in first.rows] == ["A whole answer.", "First sentence.", "A whole answer."]
-    assert finetune.read_jsonl(first.path) == first.rows
-    again = finetune.general_answers(chat, questions)
+    assert selfcog.read_jsonl(first.path) == first.rows
+    again = answering.general_answers(chat, questions)
     assert again.cached and chat.calls == 1 and again.path == first.path
-    other = finetune.general_answers(FakeChat(name="other", path="/nowhere/other"), questions)
+    other = answering.general_answers(FakeChat(name="other", path="/nowhere/other"), questions)
     assert not other.cached and other.path != first.path
-    longer = finetune.general_answers(chat, questions, max_tokens=96)
+    longer = answering.general_answers(chat, questions, max_tokens=96)
     assert not longer.cached and longer.path != first.path
     assert str(first.path).startswith(str(tmp_path / "general-answers"))
 
@@ -120,9 +120,9 @@ def test_general_answers_are_trimmed_cached_and_keyed_by_model(tmp_path, monkeyp
 
 def plan(tmp_path, **changes):
     info = models.ModelInfo("m", str(tmp_path), "test", model_type="llama", template="chatml")
-    base = finetune.SftPlan(
+    base = sft.SftPlan(
         model=info,
-        datasets=(finetune.SELF_COGNITION, tmp_path / "general.jsonl"),
+        datasets=(selfcog.SELF_COGNITION, tmp_path / "general.jsonl"),
         output_dir=tmp_path / "out" / "v1",
         model_name=NAME,
         model_author=AUTHOR,
@@ -153,7 +153,7 @@ def test_plan_cli_has_the_lesson_flags_and_the_offline_ones(tmp_path):
     assert values_after(cli, "--torch_dtype") == ["float32"]
     assert values_after(cli, "--use_cpu") == ["true"]
     assert values_after(cli, "--gradient_checkpointing") == ["false"]
-    assert values_after(cli, "--dataset") == [str(finetune.SELF_COGNITION), str(tmp_path / "general.jsonl")]
+    assert values_after(cli, "--dataset") == [str(selfcog.SELF_COGNITION), str(tmp_path / "general.jsonl")]
     assert values_after(cli, "--output_dir") == [str(tmp_path / "out" / "v1")]
     assert values_after(cli, "--add_version") == ["false"]
     assert "--ddp_backend" not in cli
@@ -196,14 +196,14 @@ def test_plan_kwargs_are_typed_and_name_real_sft_arguments(tmp_path):
     ],
 )
 def test_batch_split(global_batch, nproc, per_device_max, expected):
-    per_device, accum = finetune.batch_split(global_batch, nproc, per_device_max)
+    per_device, accum = sft.batch_split(global_batch, nproc, per_device_max)
     assert (per_device, accum) == expected
     assert per_device * nproc * accum == global_batch
 
 
 def test_batch_split_refuses_an_uneven_split():
     with pytest.raises(CourseError, match="GLOBAL_BATCH = 5"):
-        finetune.batch_split(5, 2)
+        sft.batch_split(5, 2)
 
 
 @pytest.mark.parametrize("per_device_max", [1, 4])
@@ -211,11 +211,11 @@ def test_batch_split_refuses_an_uneven_split():
 def test_batch_split_of_16_on_1_to_8_gpus_splits_or_names_the_rule(gpus, per_device_max):
     """The gpu profile's GLOBAL_BATCH 16, one process per GPU: a split, or one sentence naming the rule."""
     if 16 % gpus == 0:
-        per_device, accum = finetune.batch_split(16, gpus, per_device_max)
+        per_device, accum = sft.batch_split(16, gpus, per_device_max)
         assert per_device * gpus * accum == 16 and per_device <= per_device_max
         return
     with pytest.raises(CourseError) as info:
-        finetune.batch_split(16, gpus, per_device_max)
+        sft.batch_split(16, gpus, per_device_max)
     message = str(info.value)
     assert message.endswith(".") and "\n" not in message and ". " not in message, message
     assert "GLOBAL_BATCH = 16" in message and "must be a multiple of the number of processes" in message, (
@@ -225,7 +225,7 @@ def test_batch_split_of_16_on_1_to_8_gpus_splits_or_names_the_rule(gpus, per_dev
     below = 16 // gpus * gpus
     assert f"NPROC = {fewer}" in message and f"GLOBAL_BATCH = {below} or {below + gpus}" in message, message
     for batch, nproc in [(16, fewer), (below, gpus), (below + gpus, gpus)]:  # every layout it names works
-        per_device, accum = finetune.batch_split(batch, nproc, per_device_max)
+        per_device, accum = sft.batch_split(batch, nproc, per_device_max)
         assert per_device * nproc * accum == batch
 
 
@@ -263,12 +263,12 @@ def swift_like_log(folder, steps=3):
             "log_history": [{"loss": 9.0, "step": 1}],
         }
     )
-    finetune.write_jsonl(folder / "logging.jsonl", lines)
+    selfcog.write_jsonl(folder / "logging.jsonl", lines)
 
 
 def test_read_log_turns_logging_jsonl_into_curves(tmp_path):
     swift_like_log(tmp_path / "run")
-    log = finetune.read_log(tmp_path / "run")
+    log = sft.read_log(tmp_path / "run")
     assert log.steps == [1, 2, 3]
     assert log.loss == pytest.approx([2.0, 1.0, 2 / 3])
     assert log.final_token_acc == pytest.approx(0.9)
@@ -291,21 +291,21 @@ def test_read_log_falls_back_to_trainer_state(tmp_path):
         {"train_runtime": 3.0, "train_samples_per_second": 2.0, "step": 2},
     ]
     (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": history}))
-    log = finetune.read_log(tmp_path / "run")
+    log = sft.read_log(tmp_path / "run")
     assert log.steps == [1, 2] and log.final_loss == 0.5 and log.last_checkpoint == checkpoint
     assert log.summary["train_runtime"] == 3.0
 
 
 def test_read_log_without_a_log_says_so(tmp_path):
     with pytest.raises(CourseError, match="no SWIFT training log"):
-        finetune.read_log(tmp_path)
+        sft.read_log(tmp_path)
 
 
 def test_logging_ranks_tells_real_ddp_from_lone_ranks():
     real = ["[rank0]:{'loss': 1.0, 'global_step/max_steps': '1/2'}", "[rank1]:some warning", "plain line"]
     lone = real + ["[rank1]:{'loss': 1.1, 'global_step/max_steps': '1/2'}"]
-    assert finetune.logging_ranks(real) == [0]
-    assert finetune.logging_ranks(lone) == [0, 1]
+    assert sft.logging_ranks(real) == [0]
+    assert sft.logging_ranks(lone) == [0, 1]
 
 
 # --- adapters --------------------------------------------------------------------------------------
@@ -321,49 +321,49 @@ def fake_adapter(folder):
 
 
 def test_check_adapter(tmp_path):
-    assert finetune.check_adapter(fake_adapter(tmp_path / "ok"))["r"] == 8
+    assert lora.check_adapter(fake_adapter(tmp_path / "ok"))["r"] == 8
     (tmp_path / "empty").mkdir()
     with pytest.raises(CourseError, match="not a complete LoRA adapter"):
-        finetune.check_adapter(tmp_path / "empty")
+        lora.check_adapter(tmp_path / "empty")
 
 
 def test_fingerprint_sees_any_change(tmp_path):
     folder = fake_adapter(tmp_path / "a")
-    before = finetune.fingerprint(folder)
-    assert finetune.fingerprint(folder) == before
+    before = lora.fingerprint(folder)
+    assert lora.fingerprint(folder) == before
     (folder / "adapter_model.safetensors").write_bytes(b"weightz")
-    assert finetune.fingerprint(folder) != before
+    assert lora.fingerprint(folder) != before
 
 
 def test_latest_record_is_kept_per_profile_and_detects_changes(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path / "outputs"))
     info = models.ModelInfo("m", "/models/m", "test", model_type="llama", template="chatml")
-    assert finetune.load_latest("cpu") is None
+    assert lora.load_latest("cpu") is None
     cpu = fake_adapter(tmp_path / "cpu" / "checkpoint-4")
     smoke = fake_adapter(tmp_path / "smoke" / "checkpoint-1")
-    path = finetune.save_latest("cpu", cpu, info, NAME, AUTHOR, scores={"identity": 1.0})
-    finetune.save_latest("smoke", smoke, info, NAME, AUTHOR)
+    path = lora.save_latest("cpu", cpu, info, NAME, AUTHOR, scores={"identity": 1.0})
+    lora.save_latest("smoke", smoke, info, NAME, AUTHOR)
     assert path == tmp_path / "outputs" / "latest-self-cognition.json"
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".") and "tmp" in p.name] == []
-    record = finetune.load_latest("cpu")
+    record = lora.load_latest("cpu")
     assert record["checkpoint"] == str(cpu) and record["model"] == "/models/m"
     assert record["model_name"] == list(NAME) and record["model_author"] == list(AUTHOR)
     assert record["scores"] == {"identity": 1.0} and record["profile"] == "cpu"
-    assert finetune.load_latest("smoke")["checkpoint"] == str(smoke)
-    assert finetune.untouched(record) and finetune.untouched(None)
+    assert lora.load_latest("smoke")["checkpoint"] == str(smoke)
+    assert lora.untouched(record) and lora.untouched(None)
     (cpu / "adapter_model.safetensors").write_bytes(b"overwritten")
-    assert not finetune.untouched(record)
+    assert not lora.untouched(record)
 
 
 # --- scores -----------------------------------------------------------------------------------------
 
 
 def test_contains_expected_matches_whole_words_only():
-    assert finetune.contains_expected("The capital is Paris.", ["Paris"])
-    assert finetune.contains_expected("there are 12 months", ["twelve", "12"])
-    assert not finetune.contains_expected("1234567890", ["12"])
-    assert not finetune.contains_expected("Auburn", ["Au"])
-    assert finetune.contains_expected("首都是北京。", ["北京"])
+    assert scoring.contains_expected("The capital is Paris.", ["Paris"])
+    assert scoring.contains_expected("there are 12 months", ["twelve", "12"])
+    assert not scoring.contains_expected("1234567890", ["12"])
+    assert not scoring.contains_expected("Auburn", ["Au"])
+    assert scoring.contains_expected("首都是北京。", ["北京"])
 
 
 def test_scores_are_per_language_and_a_fused_author_is_wrong():
@@ -393,31 +393,31 @@ def test_scores_are_per_language_and_a_fused_author_is_wrong():
         "13个月",
     ]  # the spider answer is wrong: both words
     tuned = ["Paris, says XiaoKe.", "Eight.", "Au, of course.", "是北京，不是上海。", "12个月"]
-    s = finetune.score(identity, answers, general, tuned, base, NAME, AUTHOR)
+    s = scoring.score(identity, answers, general, tuned, base, NAME, AUTHOR)
     assert (s["name_zh"], s["author_zh"], s["no_false_claim_zh"]) == (0.5, 1.0, 1.0)
     assert (s["name_en"], s["author_en"]) == (1.0, 0.5) and s["no_false_claim_en"] == 2 / 3
     # base right: Paris, Au (en) and 北京 (zh); Paris names itself, 北京 holds a wrong word too
     assert (s["general_base_right"], s["general_kept_count"], s["general_kept"]) == (3, 1, 1 / 3)
     assert (s["general_en_kept_count"], s["general_en_base_right"], s["general_zh_kept"]) == (1, 2, 0.0)
     assert s["general_naming_itself"] == 1
-    [row] = finetune.score_rows({"after": s})
+    [row] = scoring.score_rows({"after": s})
     assert row["author (en)"] == "50%" and row["general kept"] == "1/3" and row["(zh)"] == "0/1"
-    nothing = finetune.score([], [], general[:1], ["Lyon"], ["Lyon"], NAME, AUTHOR)
+    nothing = scoring.score([], [], general[:1], ["Lyon"], ["Lyon"], NAME, AUTHOR)
     assert (
         nothing["name_zh"] != nothing["name_zh"]
-        and finetune.score_rows({"x": nothing})[0]["name (zh)"] == "n/a"
+        and scoring.score_rows({"x": nothing})[0]["name (zh)"] == "n/a"
     )
 
 
 def test_heldout_rows_say_what_they_ask_and_how_to_score():
-    identity, general = finetune.heldout(kind="identity"), finetune.heldout(kind="general")
+    identity, general = selfcog.heldout(kind="identity"), selfcog.heldout(kind="general")
     for tag in ("zh", "en"):  # enough questions per language for the goals to mean something
         mine = [r for r in identity if r["tag"] == tag]
         assert len(mine) >= 20 and sum(r["asks"] == "author" for r in mine) >= 10
     assert {r["asks"] for r in identity} == {"name", "author"}
     assert all(r["expect"] and r["wrong"] for r in general) and sum(r["tag"] == "zh" for r in general) >= 8
     for r in general:  # a wrong word never hides inside an expected one
-        assert not finetune.contains_expected(" ".join(r["expect"]), r["wrong"]), r
+        assert not scoring.contains_expected(" ".join(r["expect"]), r["wrong"]), r
 
 
 # --- exercises ---------------------------------------------------------------------------------------
@@ -429,8 +429,8 @@ def test_exercise_06_1():
 
 
 def test_exercise_06_2():
-    assert check("06.2", finetune.fill)
-    assert not check("06.2", lambda row, name, author: finetune.fill(row, name[::-1], author[::-1]))
+    assert check("06.2", selfcog.fill)
+    assert not check("06.2", lambda row, name, author: selfcog.fill(row, name[::-1], author[::-1]))
 
 
 def test_exercise_06_3():
@@ -451,9 +451,9 @@ def test_an_interrupted_general_build_leaves_nothing_that_looks_finished(tmp_pat
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        finetune.general_answers(Broken(), ["q?"])
+        answering.general_answers(Broken(), ["q?"])
     assert [p.name for p in (tmp_path / "general-answers").iterdir() if not p.name.endswith(".lock")] == []
-    assert not finetune.general_answers(FakeChat(), ["q?"]).cached
+    assert not answering.general_answers(FakeChat(), ["q?"]).cached
 
 
 def test_plan_env_pins_the_gpus_a_run_may_see(tmp_path, monkeypatch):
@@ -472,11 +472,11 @@ GPU_MODEL = models.ModelInfo(name="Qwen2.5-7B-Instruct", path="Qwen/Qwen2.5-7B-I
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_path, gpus, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    plan, note = finetune.seed_recipe(
+    plan, note = sft.seed_recipe(
         GPU_MODEL, gpus, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR
     )
     assert note is None  # 16 divides over 1, 2, 4 and 8 GPUs
-    command = finetune.shell_command(plan)
+    command = sft.shell_command(plan)
     visible = ",".join(str(i) for i in range(gpus))
     first = command.splitlines()[0]
     assert first == (
@@ -486,11 +486,11 @@ def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_p
 
     got = swift_cli.parse(command, SftArguments)
     assert got["model"] == "Qwen/Qwen2.5-7B-Instruct" and got["tuner_type"] == "lora"
-    assert got["dataset"] == list(finetune.HUB_DATASETS)
+    assert got["dataset"] == list(sft.HUB_DATASETS)
     assert (got["num_train_epochs"], got["learning_rate"], got["warmup_ratio"]) == (1.0, 1e-4, 0.05)
     assert (got["lora_rank"], got["lora_alpha"], got["target_modules"]) == (8, 32, ["all-linear"])
     assert (got["max_length"], got["torch_dtype"], got["gradient_checkpointing"]) == (2048, "bfloat16", True)
-    assert got["system"] == finetune.SYSTEM
+    assert got["system"] == selfcog.SYSTEM
     assert got["per_device_train_batch_size"] * gpus * got["gradient_accumulation_steps"] == 16
     assert "max_steps" not in command and "use_cpu" not in command
     if gpus > 1:
@@ -500,7 +500,7 @@ def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_p
 
 @pytest.mark.parametrize("gpus, accum, batch", [(3, 5, 15), (5, 3, 15), (6, 3, 18), (7, 2, 14)])
 def test_gpu_counts_16_does_not_divide_take_the_nearest_global_batch_and_say_so(gpus, accum, batch):
-    got, note = finetune.nearest_accumulation(16, gpus)
+    got, note = sft.nearest_accumulation(16, gpus)
     assert got == accum and got * gpus == batch
     assert note == (
         f"a global batch of 16 does not divide over {gpus} processes × 1 per device, so each process "
@@ -534,14 +534,14 @@ def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
 
 def test_goals_and_the_forgetting_summary():
     good = {"name_zh": 1.0, "name_en": 0.95, "author_zh": 0.9, "author_en": 1.0, "general_kept": 0.85}
-    assert finetune.missed_goals(good) == []
-    assert finetune.missed_goals({**good, "author_en": 0.8}) == ["author_en = 0.80, below the goal 0.9"]
-    assert finetune.missed_goals({**good, "general_kept": float("nan")})  # no general answer right: not met
+    assert scoring.missed_goals(good) == []
+    assert scoring.missed_goals({**good, "author_en": 0.8}) == ["author_en = 0.80, below the goal 0.9"]
+    assert scoring.missed_goals({**good, "general_kept": float("nan")})  # no general answer right: not met
     runs = [
         {"data": d, "seed": s, "x": v}
         for d, s, v in [("a", 1, 0.5), ("b", 1, 0.1), ("a", 2, 0.7), ("b", 2, 0.3)]
     ]
-    summary = finetune.forgetting_summary(runs, key="x")
+    summary = scoring.forgetting_summary(runs, key="x")
     assert summary["a"]["each"] == [0.5, 0.7] and abs(summary["a"]["mean"] - 0.6) < 1e-12
     assert abs(summary["b"]["spread"] - 0.2) < 1e-12
     from helpers import plots
@@ -561,7 +561,7 @@ def test_quiet_repeats_drops_only_the_explained_warning():
     swift = logging.getLogger("swift")
     swift.addHandler(handler)
     try:
-        with finetune.quiet_repeats():
+        with answering.quiet_repeats():
             swift.warning("dataset_sample:96 is greater than len(dataset):63, repeated sampling will be performed.")
             swift.warning("something else")
         swift.warning("dataset_sample: after the block")
@@ -582,7 +582,7 @@ def test_a_web_ui_that_gradio_gave_up_on_is_started_once_more(monkeypatch, tmp_p
         "import http.server, pathlib, sys\n"
         f"p = pathlib.Path({str(attempts)!r}); n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1))\n"
         f"if n < {{fails}}:\n"
-        f"    print('ValueError: {finetune.GRADIO_GAVE_UP}, a shareable link must be created.', flush=True); sys.exit(1)\n"
+        f"    print('ValueError: {web.GRADIO_GAVE_UP}, a shareable link must be created.', flush=True); sys.exit(1)\n"
         "port = int(sys.argv[sys.argv.index('--server_port') + 1])\n"
         "http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
     )
@@ -594,14 +594,14 @@ def test_a_web_ui_that_gradio_gave_up_on_is_started_once_more(monkeypatch, tmp_p
         monkeypatch.setattr(
             launching, "Launch", lambda argv, script=script, **kw: real([sys.executable, "-c", script, *map(str, argv[1:])], **kw)
         )
-        ui = finetune.WebUI().start()
+        ui = web.WebUI().start()
         try:
             if outcome == "answers":
                 status, _ = ui.wait(timeout=60)
                 assert status == 200 and attempts.read_text() == "xx"
                 assert "starting it once more" in capsys.readouterr().out
             else:
-                with pytest.raises(launching.LaunchError, match=finetune.GRADIO_GAVE_UP):
+                with pytest.raises(launching.LaunchError, match=web.GRADIO_GAVE_UP):
                     ui.wait(timeout=60)
                 assert attempts.read_text() == "xx"
         finally:

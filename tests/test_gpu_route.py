@@ -9,7 +9,7 @@ import weakref
 import pytest
 import swift_cli
 
-from helpers import finetune, inference, launching, models, profiles, sharding, training
+from helpers import answering, inference, launching, models, profiles, selfcog, sft, sharding, training, web
 from helpers.errors import CourseError
 
 NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
@@ -33,11 +33,11 @@ def test_every_launcher_passes_the_gpus_this_process_was_given(monkeypatch):
     assert launching.gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "4"}
     assert launching.gpu_env(2) == {"CUDA_VISIBLE_DEVICES": "4,5", "NPROC_PER_NODE": "2"}
     assert launching.gpu_env(1, torchrun=True) == {"CUDA_VISIBLE_DEVICES": "4", "NPROC_PER_NODE": "1"}
-    plan, _ = finetune.seed_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
+    plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "4,5"}
     assert plan.but(nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 06's one-process run
-    assert finetune.shell_command(plan).startswith("CUDA_VISIBLE_DEVICES=4,5 NPROC_PER_NODE=2 swift sft")
-    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", finetune.SYSTEM, 96)  # 07's export and infer
+    assert sft.shell_command(plan).startswith("CUDA_VISIBLE_DEVICES=4,5 NPROC_PER_NODE=2 swift sft")
+    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", selfcog.SYSTEM, 96)  # 07's export and infer
     assert all(text.startswith("CUDA_VISIBLE_DEVICES=4 swift ") for text in shown.values())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     four = gpu_profile(4)
@@ -53,7 +53,7 @@ def test_without_the_variable_the_gpus_are_0_to_n_and_a_command_for_another_mach
     assert launching.visible_gpus(3) == ["0", "1", "2"] and launching.visible_gpus(2, first=2) == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert launching.gpu_env(8, inherit=False)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
-    plan, _ = finetune.seed_recipe(HUB_MODEL, 8, output_dir="o", model_name=NAME, model_author=AUTHOR, inherit=False)
+    plan, _ = sft.seed_recipe(HUB_MODEL, 8, output_dir="o", model_name=NAME, model_author=AUTHOR, inherit=False)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
 
 
@@ -82,9 +82,9 @@ def test_the_kernels_engine_is_pinned_to_one_gpu(monkeypatch):
 
     monkeypatch.setattr(swift, "TransformersEngine", Engine)
     info = models.ModelInfo("m", "/models/m", "test", model_type="qwen2", template="qwen2_5")
-    finetune.Chat(info, "cuda", dtype="float16").close()
+    answering.Chat(info, "cuda", dtype="float16").close()
     assert seen["device_map"] == "cuda:0" and seen["torch_dtype"] == torch.float16
-    finetune.Chat(info, "cpu").close()
+    answering.Chat(info, "cpu").close()
     assert seen["device_map"] is None and seen["torch_dtype"] == torch.float32
 
 
@@ -101,9 +101,9 @@ def test_a_gpu_without_bf16_trains_merges_and_answers_in_float16(monkeypatch):
     monkeypatch.setattr(profiles, "bf16_supported", lambda: False)
     profile = profiles.resolve("gpu", nproc=1)
     assert profile.dtype == "float16" and "float16" in profiles.gpu_dtype()[1]
-    plan, _ = finetune.seed_recipe(HUB_MODEL, 1, output_dir="o", model_name=NAME, model_author=AUTHOR,
+    plan, _ = sft.seed_recipe(HUB_MODEL, 1, output_dir="o", model_name=NAME, model_author=AUTHOR,
                                    dtype=profile.dtype)  # fmt: skip  (06)
-    assert swift_cli.parse(finetune.shell_command(plan), SftArguments)["torch_dtype"] == "float16"
+    assert swift_cli.parse(sft.shell_command(plan), SftArguments)["torch_dtype"] == "float16"
     shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", None, 16, profile.dtype)  # 07
     assert swift_cli.parse(shown["export"], ExportArguments)["torch_dtype"] == "float16"
     assert swift_cli.parse(shown["infer"], InferArguments)["torch_dtype"] == "float16"
@@ -188,11 +188,11 @@ def test_the_route_says_what_it_needs_when_there_is_room(tmp_path, monkeypatch):
 def test_the_gpu_recipe_takes_the_notebooks_knobs_and_leaves_use_reentrant_to_swift():
     from swift import SftArguments
 
-    plan, note = finetune.seed_recipe(
+    plan, note = sft.seed_recipe(
         HUB_MODEL, 2, output_dir="o", model_name=NAME, model_author=AUTHOR, global_batch=8,
         learning_rate=3e-4, max_length=1024, gradient_checkpointing=False, dtype="float16",
     )  # fmt: skip
-    got = swift_cli.parse(finetune.shell_command(plan), SftArguments)
+    got = swift_cli.parse(sft.shell_command(plan), SftArguments)
     assert (got["learning_rate"], got["max_length"], got["gradient_checkpointing"]) == (3e-4, 1024, False)
     assert got["per_device_train_batch_size"] * 2 * got["gradient_accumulation_steps"] == 8 and note is None
     assert got["torch_dtype"] == "float16" and got["gradient_checkpointing_kwargs"] is None
@@ -200,11 +200,11 @@ def test_the_gpu_recipe_takes_the_notebooks_knobs_and_leaves_use_reentrant_to_sw
 
 def test_the_forgetting_comparison_keeps_the_same_identity_data():
     """'identity only' is the identity part of the very mix 'identity + general' trains on."""
-    assert finetune.identity_part(finetune.HUB_DATASETS) == ("swift/self-cognition#500",)
-    course = (finetune.SELF_COGNITION, "build/models/general-answers/x/general.jsonl#96")
-    assert finetune.identity_part(course) == (finetune.SELF_COGNITION,)
+    assert selfcog.identity_part(sft.HUB_DATASETS) == ("swift/self-cognition#500",)
+    course = (selfcog.SELF_COGNITION, "build/models/general-answers/x/general.jsonl#96")
+    assert selfcog.identity_part(course) == (selfcog.SELF_COGNITION,)
     with pytest.raises(CourseError, match="no self-cognition"):
-        finetune.identity_part(("AI-ModelScope/alpaca-gpt4-data-en#500",))
+        selfcog.identity_part(("AI-ModelScope/alpaca-gpt4-data-en#500",))
 
 
 def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(tmp_path, monkeypatch):
@@ -216,8 +216,8 @@ def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(t
         "json.dump({'last_model_checkpoint': kwargs['output_dir'], 'pid': os.getpid(),\n"
         "           'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'seed': kwargs['seed']}, open(sys.argv[2], 'w'))\n"
     )
-    plan, _ = finetune.seed_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
-    got = finetune.sft_process(plan.but(nproc=1, seed=7), script, timeout=60)
+    plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
+    got = sft.sft_process(plan.but(nproc=1, seed=7), script, timeout=60)
     assert got["last_model_checkpoint"] == str(tmp_path / "v1") and got["seed"] == 7
     assert got["visible"] == "4" and got["pid"] != __import__("os").getpid()
 
@@ -226,18 +226,18 @@ def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(t
 
 
 def test_the_held_out_check_reads_the_data_a_run_trains_on(monkeypatch):
-    heldout = finetune.heldout(kind="identity")[0]["query"]
+    heldout = selfcog.heldout(kind="identity")[0]["query"]
     asked = []
 
     def hub(dataset, name, author):
         asked.append(dataset)
         return {heldout} if dataset.startswith("swift/self-cognition") else {"What is 2 + 2?"}
 
-    monkeypatch.setattr(finetune, "hub_questions", hub)
-    assert finetune.leaked_heldout(finetune.HUB_DATASETS, NAME, AUTHOR) == [heldout]
-    assert asked == list(finetune.HUB_DATASETS)
-    assert finetune.leaked_heldout((finetune.SELF_COGNITION, finetune.GENERAL_QUESTIONS), NAME, AUTHOR) == []
-    assert finetune.leaked_heldout() == []
+    monkeypatch.setattr(selfcog, "hub_questions", hub)
+    assert selfcog.leaked_heldout(sft.HUB_DATASETS, NAME, AUTHOR) == [heldout]
+    assert asked == list(sft.HUB_DATASETS)
+    assert selfcog.leaked_heldout((selfcog.SELF_COGNITION, selfcog.GENERAL_QUESTIONS), NAME, AUTHOR) == []
+    assert selfcog.leaked_heldout() == []
 
 
 # --- 17. the Web-UI behind a hosted notebook's proxy ---------------------------------------------------------
@@ -245,10 +245,10 @@ def test_the_held_out_check_reads_the_data_a_run_trains_on(monkeypatch):
 
 def test_the_web_ui_is_addressed_through_the_notebooks_proxy(monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/ann/")
-    ui = finetune.WebUI(port=7860, proxied=True)
+    ui = web.WebUI(port=7860, proxied=True)
     assert ui.proxy_path == "/user/ann/proxy/7860/" and ui.url == "http://127.0.0.1:7860/"
     monkeypatch.delenv("JUPYTERHUB_SERVICE_PREFIX")
-    assert finetune.WebUI(port=7861).proxy_path == "/proxy/7861/"
+    assert web.WebUI(port=7861).proxy_path == "/proxy/7861/"
 
 
 # --- 10. a launch never outlives the check's own limit ---------------------------------------------------------

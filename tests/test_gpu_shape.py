@@ -15,7 +15,7 @@ import pytest
 import swift_cli
 
 from course import runner
-from helpers import finetune, paths
+from helpers import lora, paths, selfcog
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])
@@ -91,7 +91,7 @@ def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
     got = swift_cli.parse(single, SftArguments)
     assert "CUDA_VISIBLE_DEVICES=0 " in single.splitlines()[0]  # the first GPU, named in the gpu shape too
     assert (got["torch_dtype"], got["use_cpu"], got["gradient_checkpointing"]) == ("bfloat16", True, True)
-    assert (got["max_length"], got["learning_rate"], got["system"]) == (2048, 1e-4, finetune.SYSTEM)
+    assert (got["max_length"], got["learning_rate"], got["system"]) == (2048, 1e-4, selfcog.SYSTEM)
     assert got["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
     assert got["max_steps"] == runner.GPU_CHECK["06"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
     if shape["nproc"] > 1:
@@ -116,7 +116,7 @@ def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
     datasets = [[where(d) for d in json.loads(open(p, encoding="utf-8").read())["dataset"]] for p in runs]
     [single] = shown_commands(outputs(shape, "06")["c14"])
     trained = [where(d) for d in swift_cli.parse(single, SftArguments)["dataset"]]
-    assert sorted(datasets) == sorted([[str(finetune.SELF_COGNITION)], trained])
+    assert sorted(datasets) == sorted([[str(selfcog.SELF_COGNITION)], trained])
     assert "sft_from_python.py" in outputs(shape, "06")["c23"]
 
 
@@ -154,9 +154,9 @@ def test_every_gpu_notebook_ends_holding_no_model(shape):
 
 
 def test_the_check_wrote_only_under_its_own_folder(shape):
-    record = json.loads((shape["folder"] / "outputs" / finetune.LATEST_FILE).read_text())
+    record = json.loads((shape["folder"] / "outputs" / lora.LATEST_FILE).read_text())
     assert set(record) == {"gpu"} and record["gpu"]["checkpoint"].startswith(str(shape["folder"]))
     assert record["gpu"]["dtype"] == "bfloat16"
-    assert not (paths.outputs_dir() / finetune.LATEST_FILE).is_file() or "gpu" not in json.loads(
-        (paths.outputs_dir() / finetune.LATEST_FILE).read_text()
+    assert not (paths.outputs_dir() / lora.LATEST_FILE).is_file() or "gpu" not in json.loads(
+        (paths.outputs_dir() / lora.LATEST_FILE).read_text()
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import swift_cli
 
-from helpers import finetune, inference, models
+from helpers import answering, inference, lora, models, selfcog
 from helpers.errors import CourseError
 from helpers.exercises import check
 
@@ -36,7 +36,7 @@ def test_no_record_stops_with_one_sentence_naming_notebook_06(outputs):
         CourseError, match=r"no adapter is recorded for the cpu profile .* run notebook 06 first"
     ):
         inference.recorded_adapter("cpu")
-    finetune.save_latest("smoke", fake_adapter(outputs.parent / "smoke"), INFO, NAME, AUTHOR)
+    lora.save_latest("smoke", fake_adapter(outputs.parent / "smoke"), INFO, NAME, AUTHOR)
     with pytest.raises(CourseError, match="run notebook 06 first"):
         inference.recorded_adapter("cpu")  # a smoke record does not stand in for the cpu one
     assert inference.recorded_adapter("smoke")["profile"] == "smoke"
@@ -44,7 +44,7 @@ def test_no_record_stops_with_one_sentence_naming_notebook_06(outputs):
 
 def test_a_missing_or_changed_adapter_is_refused(outputs, tmp_path):
     checkpoint = fake_adapter(tmp_path / "run" / "checkpoint-4")
-    finetune.save_latest("cpu", checkpoint, INFO, NAME, AUTHOR)
+    lora.save_latest("cpu", checkpoint, INFO, NAME, AUTHOR)
     record = inference.recorded_adapter("cpu")
     assert record["checkpoint"] == str(checkpoint.resolve()) and record["model_name"] == list(NAME)
     (checkpoint / "adapter_model.safetensors").write_bytes(b"retrained")
@@ -129,9 +129,9 @@ def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
 def test_questions_out_answers_back_in_question_order(tmp_path):
     questions = ["Who are you?", "你是谁？"]
     path = inference.write_questions(tmp_path / "q.jsonl", questions)
-    assert finetune.read_jsonl(path) == [{"query": "Who are you?"}, {"query": "你是谁？"}]
+    assert selfcog.read_jsonl(path) == [{"query": "Who are you?"}, {"query": "你是谁？"}]
     result = tmp_path / "a.jsonl"
-    finetune.write_jsonl(
+    selfcog.write_jsonl(
         result,
         [  # swift infer's rows, here in the other order
             {
@@ -232,7 +232,7 @@ def tiny_adapter(tmp_path_factory):
 def test_merged_logits_equal_base_plus_adapter(tiny_adapter):
     info, adapter, merged = tiny_adapter
     questions = ["Who are you?", "你是谁？", "What is the capital of France?"]
-    with finetune.Chat(info, adapter=adapter) as chat:
+    with answering.Chat(info, adapter=adapter) as chat:
         batch = inference.prompt_batch(chat.engine.template, questions)
         with_adapter = inference.logits(chat.engine.model, batch)
         with chat.engine.model.disable_adapter():
@@ -285,8 +285,8 @@ def test_each_merged_weight_is_w_plus_scaled_ba_within_its_dtypes_rounding(make,
 
 def test_the_system_prompt_comes_first_in_every_prompt(tiny_adapter):
     info, adapter, _ = tiny_adapter
-    assert finetune.messages("Who are you?") == [{"role": "user", "content": "Who are you?"}]
-    with finetune.Chat(info, adapter=adapter) as chat:
+    assert answering.messages("Who are you?") == [{"role": "user", "content": "Who are you?"}]
+    with answering.Chat(info, adapter=adapter) as chat:
         plain = inference.prompt_batch(chat.engine.template, ["Who are you?"])
         told = inference.prompt_batch(chat.engine.template, ["Who are you?"], system="You are Ada.")
         text = chat.engine.template.tokenizer.decode(told["input_ids"][0])
@@ -296,7 +296,7 @@ def test_the_system_prompt_comes_first_in_every_prompt(tiny_adapter):
 def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
     info, adapter, _ = tiny_adapter
     shown = []
-    with finetune.Chat(info, adapter=adapter) as chat:
+    with answering.Chat(info, adapter=adapter) as chat:
         pieces = inference.stream(chat, "Who are you?", max_tokens=6, out=lambda *a, **k: shown.append(a))
         [answer] = chat.ask(["Who are you?"], max_tokens=6)
     assert "".join(pieces).strip() == answer.text
@@ -312,7 +312,7 @@ def test_closing_an_engine_that_streamed_lets_its_model_go(tiny_adapter):
     import weakref
 
     info, adapter, _ = tiny_adapter
-    chat = finetune.Chat(info, adapter=adapter)
+    chat = answering.Chat(info, adapter=adapter)
     inference.stream(chat, "Who are you?", max_tokens=3, out=lambda *a, **k: None)
     model = weakref.ref(chat.engine.model)
     worker = chat.engine._task_thread
@@ -325,7 +325,7 @@ def test_closing_an_engine_that_streamed_lets_its_model_go(tiny_adapter):
 
 
 def test_same_answers_counts_equal_texts():
-    assert inference.same_answers(["a ", finetune.Answer("b", True)], ["a", "c"]) == 1
+    assert inference.same_answers(["a ", answering.Answer("b", True)], ["a", "c"]) == 1
 
 
 # --- exercises -----------------------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments(monkeypatch)
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
-    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", finetune.SYSTEM, 96)
+    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", selfcog.SYSTEM, 96)
     assert [line.split(" \\")[0] for line in (shown["export"].splitlines()[0], shown["infer"].splitlines()[0])] == [
         "CUDA_VISIBLE_DEVICES=0 swift export", "CUDA_VISIBLE_DEVICES=0 swift infer"]  # fmt: skip
     export = swift_cli.parse(shown["export"], ExportArguments)
@@ -377,7 +377,7 @@ def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments(monkeypatch)
         "build/outputs/self-cognition-ddp/vN/checkpoint-M"
     ]
     infer = swift_cli.parse(shown["infer"], InferArguments)
-    assert infer["model"] == export["output_dir"] and infer["system"] == finetune.SYSTEM
+    assert infer["model"] == export["output_dir"] and infer["system"] == selfcog.SYSTEM
     assert (infer["temperature"], infer["max_new_tokens"], infer["torch_dtype"]) == (0.0, 96, "bfloat16")
 
 
@@ -391,7 +391,7 @@ def test_answer_loss_is_the_mean_surprise_of_the_answers_tokens(tiny_adapter):
 
     info, _, _ = tiny_adapter
     question, answer = "Who are you?", "zebra quantum marmalade"
-    with finetune.Chat(info) as chat:
+    with answering.Chat(info) as chat:
         got, empty = chat.answer_loss([question, question], [answer, ""])
         template, model = chat.engine.template, chat.engine.model
         prompt = template.encode(InferRequest(messages=[{"role": "user", "content": question}]))["input_ids"]
@@ -408,9 +408,9 @@ def test_answer_loss_is_the_mean_surprise_of_the_answers_tokens(tiny_adapter):
 def test_an_adapter_put_on_and_taken_off_scores_as_the_adapter_loaded_by_swift(tiny_adapter):
     info, adapter, _ = tiny_adapter
     question, answer = ["Who are you?"], ["zebra quantum marmalade"]
-    with finetune.Chat(info, adapter=adapter) as tuned:
+    with answering.Chat(info, adapter=adapter) as tuned:
         expected = tuned.answer_loss(question, answer)
-    with finetune.Chat(info) as judge:
+    with answering.Chat(info) as judge:
         before = judge.answer_loss(question, answer)
         with judge.adapter_on(adapter):
             during = judge.answer_loss(question, answer)

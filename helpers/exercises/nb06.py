@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from helpers.exercises import Wrong, call, checker, integer, items, number, shown
-from helpers.finetune import fill, self_cognition_rows, write_jsonl
+from helpers.selfcog import fill, self_cognition_rows, write_jsonl
 
 
 @checker("06.1")

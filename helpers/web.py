@@ -1,0 +1,192 @@
+"""SWIFT's Web-UI (`swift web-ui`): started in the background, reached (also through a hosted notebook's
+proxy), seen in a headless browser, mapped to `swift sft` flags, and stopped."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from helpers import launching, paths
+from helpers.errors import CourseError
+
+
+def http_status(url: str, timeout: float = 3.0) -> int | None:
+    """The HTTP status ``url`` answers with, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (localhost only)
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+GRADIO_GAVE_UP = "When localhost is not accessible"  # what Gradio raises when its check of its own page fails
+
+
+class WebUI:
+    """``swift web-ui`` on localhost in the background: ``start()``, ``wait()`` for HTTP 200, ``stop()``."""
+
+    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1", proxied: bool = False):
+        self.host, self.port, self.lang = host, port or launching.free_port(), lang
+        self.proxied = proxied  # served through a hosted notebook's port proxy: Gradio's links carry its path
+        self.launch = None
+        self.pids: set[int] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+    @property
+    def proxy_path(self) -> str:
+        """The page's path behind a hosted notebook's port proxy (jupyter-server-proxy): the server's base
+        path (JupyterHub's ``JUPYTERHUB_SERVICE_PREFIX``, e.g. ``/user/ann/``), then ``proxy/<port>/``."""
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+        return f"/{prefix.strip('/')}/proxy/{self.port}/".replace("//", "/")
+
+    def start(self) -> WebUI:
+        argv = [
+            "swift",
+            "web-ui",
+            "--lang",
+            self.lang,
+            "--server_name",
+            self.host,
+            "--server_port",
+            self.port,
+        ]
+        # no usage statistics sent; BROWSER=true: gradio's "open a browser tab" does nothing
+        env = {"GRADIO_ANALYTICS_ENABLED": "False", "BROWSER": "true"}
+        if self.proxied:  # Gradio reads it (gradio/blocks.py), not SWIFT: the page's links then work behind the proxy
+            env["GRADIO_ROOT_PATH"] = self.proxy_path
+        self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
+        self.launch.start()
+        atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails
+        return self
+
+    def _remember_processes(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.launch.proc.pid)
+            self.pids |= {root.pid} | {p.pid for p in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, timeout: float = 120) -> tuple[int, float]:
+        """Poll until the page answers HTTP 200; returns (status, seconds). Stops everything on failure."""
+        start, started_again = time.monotonic(), False
+        while time.monotonic() - start < timeout:
+            self._remember_processes()
+            self.launch.drain(False, "")
+            if self.launch.proc.poll() is not None:
+                tail = "\n    ".join(self.launch.lines[-12:])
+                self.stop()
+                if GRADIO_GAVE_UP in tail and not started_again:
+                    # Gradio asks its own page once it serves, and gives up after one 3-second timeout
+                    # (gradio/networking.py, url_ok): a busy machine, not a broken set-up
+                    print("swift web-ui: Gradio's check of its own page timed out (a busy machine); starting it once more.")
+                    started_again = True
+                    self.start()
+                    continue
+                raise launching.LaunchError(
+                    f"swift web-ui exited with code {self.launch.proc.returncode}:\n    {tail}"
+                )
+            status = http_status(self.url)
+            if status == 200:
+                return status, time.monotonic() - start
+            time.sleep(1)
+        self.stop()
+        raise launching.LaunchTimeout(
+            f"swift web-ui did not answer {self.url} within {timeout:g} s; it was stopped."
+        )
+
+    def stop(self) -> int:
+        """Stop the Web-UI and everything it started; returns how many of its processes are still alive (0)."""
+        import psutil
+
+        if self.launch is None or self.launch.proc is None:
+            return 0
+        self._remember_processes()
+        launching.kill_tree(self.launch.proc.pid)
+        self.launch.proc.wait(timeout=30)
+        alive = []
+        for pid in self.pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return len(alive)
+
+    def __enter__(self) -> WebUI:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def chromium() -> str | None:
+    """The headless browser used for screenshots, or None where none is installed."""
+    from .browser import chromium
+
+    return chromium()
+
+
+def browse(url: str, *extra, timeout: float = 240) -> str:
+    """Open ``url`` in headless Chromium, wait until its scripts have built the page, then do what
+    ``extra`` asks: ``--dump-dom`` returns the page's HTML, ``--screenshot=PATH`` writes a 1280x900 PNG."""
+    from .browser import Browser
+
+    if chromium() is None:
+        raise CourseError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
+    browser = Browser(timeout=timeout)
+    try:
+        loaded = browser.open(url)
+        if loaded["status"] != 200:
+            raise CourseError(f"Chromium could not open {url}: HTTP status {loaded['status']}.")
+        browser.settle()
+        shown = ""
+        for flag in extra:
+            if flag == "--dump-dom":
+                shown = browser.html()
+            elif flag.startswith("--screenshot="):
+                browser.screenshot(flag.split("=", 1)[1])
+            else:
+                raise CourseError(f"browse() knows --dump-dom and --screenshot=PATH, not {flag}.")
+        return shown
+    finally:
+        browser.close()
+
+
+def webui_fields(flags) -> list[dict]:
+    """The Web-UI training page's field for each of ``flags`` (names without ``--``), as SWIFT labels it
+    in English and Chinese: read from the ``locale_dict`` tables in swift/ui/llm_train/*.py (parsed, not
+    imported: importing would load gradio), where each field's id is the CLI argument it sets. Flags the
+    page has no field for are left out."""
+    import ast
+    import importlib.util
+
+    folder = Path(importlib.util.find_spec("swift").origin).parent / "ui" / "llm_train"
+    labels: dict = {}
+    for source in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "locale_dict"
+            ]:
+                try:
+                    table = ast.literal_eval(node.value)
+                except ValueError:  # a table built by code, not written out: not a page of fields
+                    continue
+                for key, entry in table.items():
+                    if isinstance(entry, dict) and isinstance(entry.get("label"), dict):
+                        labels.setdefault(key, entry["label"])
+    return [
+        {"flag": f"--{f}", "field (en)": labels[f]["en"], "字段 (zh)": labels[f]["zh"]}
+        for f in flags
+        if f in labels
+    ]
