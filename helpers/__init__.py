@@ -30,7 +30,8 @@ One module per lesson concept, each explained in its notebook:
 - scoring       06, 07: whole answers scored on the held-out questions, per language
 - web           06: SWIFT's Web-UI started, reached, seen and stopped
 - inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
-- sharding      08: device_map placement, DDP+device_map grouping, ZeRO / FSDP bytes and traffic
+- devicemap     08: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
+- sharding      08: ZeRO / FSDP bytes and traffic per rank, against the formulas
 - troubleshooting 09: the seed's four tips reproduced, and debugging a hang
 """
 

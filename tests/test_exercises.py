@@ -26,6 +26,7 @@ from helpers import (
     answering,
     dataparallel,
     ddp,
+    devicemap,
     environment,
     exercises,
     inference,
@@ -726,6 +727,7 @@ NOTEBOOK_STATE = {
     "web": web,
     "inference": inference,
     "sharding": sharding,
+    "devicemap": devicemap,
     "troubleshooting": troubleshooting,
     "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
 }

@@ -9,7 +9,7 @@ import weakref
 import pytest
 import swift_cli
 
-from helpers import answering, inference, launching, models, profiles, selfcog, sft, sharding, training, web
+from helpers import answering, devicemap, inference, launching, models, profiles, selfcog, sft, training, web
 from helpers.errors import CourseError
 
 NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
@@ -43,9 +43,9 @@ def test_every_launcher_passes_the_gpus_this_process_was_given(monkeypatch):
     four = gpu_profile(4)
     assert [training.node_env(four, k) for k in (0, 1)] == [
         {"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]  # fmt: skip  (04's two nodes)
-    assert sharding.mp_ddp_layout(4, 2)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # 08's DDP + device_map
+    assert devicemap.mp_ddp_layout(4, 2)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # 08's DDP + device_map
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7,8")
-    assert sharding.mp_ddp_layout(5, 2)["CUDA_VISIBLE_DEVICES"] == "2,3,5,7"  # the first 4 of 5: one idle
+    assert devicemap.mp_ddp_layout(5, 2)["CUDA_VISIBLE_DEVICES"] == "2,3,5,7"  # the first 4 of 5: one idle
 
 
 def test_without_the_variable_the_gpus_are_0_to_n_and_a_command_for_another_machine_ignores_it(monkeypatch):

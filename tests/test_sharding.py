@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers import parallelism, sharding
+from helpers import devicemap, parallelism, sharding
 from helpers.errors import CourseError
 
 P = 1000
@@ -78,11 +78,11 @@ def test_stage_spans_follow_the_device_map():
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     device_map = {"0": 0, "1": 0, "2": 1}
 
-    spans = sharding.stage_spans(model, device_map, {"input": torch.ones(2, 4)}, batches=2)
+    spans = devicemap.stage_spans(model, device_map, {"input": torch.ones(2, 4)}, batches=2)
     assert len(spans) == 6
     assert {s["lane"] for s in spans} == {"device 0", "device 1"}
-    assert sharding.overlapping(spans) == 0
-    shares = sharding.busy_fractions(spans)
+    assert devicemap.overlapping(spans) == 0
+    shares = devicemap.busy_fractions(spans)
     assert 0 < sum(shares.values()) <= 1 + 1e-9
 
 
@@ -92,7 +92,7 @@ def test_overlapping_counts_only_other_lanes():
         {"lane": "a", "start": 1, "end": 3},
         {"lane": "b", "start": 2.5, "end": 4},
     ]
-    assert sharding.overlapping(spans) == 1
+    assert devicemap.overlapping(spans) == 1
 
 
 def test_planner_on_a_meta_model():
@@ -110,27 +110,27 @@ def test_planner_on_a_meta_model():
     )
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
-    total = sharding.module_bytes(model)[""]
+    total = devicemap.module_bytes(model)[""]
     caps = {0: total * 8 // 10, 1: total * 8 // 10}  # accelerate keeps room for the largest layer
-    plan = sharding.plan_device_map(model, caps)
-    assert sharding.plan_fits(model, plan, caps)
+    plan = devicemap.plan_device_map(model, caps)
+    assert devicemap.plan_fits(model, plan, caps)
     assert set(plan.values()) == {0, 1}
     layers = [d for n, d in plan.items() if ".layers." in n]
     assert layers == sorted(layers) and len(layers) == 6
-    rows = sharding.placement_rows(model, plan, caps)
+    rows = devicemap.placement_rows(model, plan, caps)
     assert sum(r["count"] for r in rows) == len(plan)
-    assert not sharding.plan_fits(model, plan, {0: caps[0]})  # a device without a cap is not allowed
+    assert not devicemap.plan_fits(model, plan, {0: caps[0]})  # a device without a cap is not allowed
 
 
 def test_swift_grouping_uses_swift_rules():
-    assert sharding.swift_rule_in_source()
-    assert sharding.swift_devices(1, 8, 2) == [1, 3, 5, 7]
-    four_two = sharding.swift_grouping(4, 2)
+    assert devicemap.swift_rule_in_source()
+    assert devicemap.swift_devices(1, 8, 2) == [1, 3, 5, 7]
+    four_two = devicemap.swift_grouping(4, 2)
     assert four_two["GPUs per rank"] == [[0, 2], [1, 3]]
     assert four_two["DDP + device_map (is_mp_ddp)"] is True
-    plain = sharding.swift_grouping(2, 2)
+    plain = devicemap.swift_grouping(2, 2)
     assert plain["device_map (is_mp)"] is False and plain["GPUs per rank"] == [[0], [1]]
-    assert "refused" in sharding.swift_grouping(6, 4)["GPUs per rank"][0]
+    assert "refused" in devicemap.swift_grouping(6, 4)["GPUs per rank"][0]
 
 
 def one_sentence(message: str) -> bool:
@@ -141,22 +141,22 @@ def one_sentence(message: str) -> bool:
 @pytest.mark.parametrize("n_gpu", range(1, 9))
 def test_swift_layout_rule_on_1_to_8_gpus(n_gpu, nproc):
     """The helpers refuse exactly what SWIFT's own is_mp() refuses, in one sentence naming the rule."""
-    row = sharding.swift_grouping(n_gpu, nproc)  # SWIFT's own functions decide here
+    row = devicemap.swift_grouping(n_gpu, nproc)  # SWIFT's own functions decide here
     swift_refuses = isinstance(row["GPUs per rank"][0], str)
     assert swift_refuses == (n_gpu % nproc != 0)
     if swift_refuses:
         with pytest.raises(CourseError) as info:
-            sharding.swift_devices(0, n_gpu, nproc)
+            devicemap.swift_devices(0, n_gpu, nproc)
         message = str(info.value)
         assert one_sentence(message), message
         assert "multiple of NPROC_PER_NODE" in message and "swift/utils/env.py" in message, message
-        assert message == sharding.swift_layout_problem(n_gpu, nproc)
+        assert message == devicemap.swift_layout_problem(n_gpu, nproc)
         fewer = max(n for n in range(1, nproc + 1) if n_gpu % n == 0)
         assert f"NPROC_PER_NODE = {fewer}" in message, message
-        assert sharding.swift_layout_problem(n_gpu, fewer) is None  # the layout it names is one SWIFT accepts
+        assert devicemap.swift_layout_problem(n_gpu, fewer) is None  # the layout it names is one SWIFT accepts
         return
-    assert sharding.swift_layout_problem(n_gpu, nproc) is None
-    groups = [sharding.swift_devices(r, n_gpu, nproc) for r in range(nproc)]
+    assert devicemap.swift_layout_problem(n_gpu, nproc) is None
+    groups = [devicemap.swift_devices(r, n_gpu, nproc) for r in range(nproc)]
     assert groups == row["GPUs per rank"]
     assert sorted(g for group in groups for g in group) == list(range(n_gpu))  # every GPU once
     assert {len(group) for group in groups} == {n_gpu // nproc}  # the same share for every rank
@@ -168,15 +168,15 @@ def test_mp_ddp_layout_picks_the_nearest_layout_swift_accepts(n_gpu, nproc, monk
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # GPUs 0..n-1 (test_gpu_route: an inherited list)
     if nproc < 2 or n_gpu < 2 * nproc:
         with pytest.raises(CourseError) as info:
-            sharding.mp_ddp_layout(n_gpu, nproc)
+            devicemap.mp_ddp_layout(n_gpu, nproc)
         message = str(info.value)
         assert one_sentence(message) and "DDP + device_map" in message, message
         assert ("at least 2 processes" if nproc < 2 else f"at least {2 * nproc} GPUs") in message, message
         return
-    layout = sharding.mp_ddp_layout(n_gpu, nproc)
+    layout = devicemap.mp_ddp_layout(n_gpu, nproc)
     used = n_gpu // nproc * nproc
     assert layout["GPUs"] == used and layout["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(used)))
-    swift = sharding.swift_grouping(used, nproc)  # SWIFT's own is_mp / is_mp_ddp on the chosen GPUs
+    swift = devicemap.swift_grouping(used, nproc)  # SWIFT's own is_mp / is_mp_ddp on the chosen GPUs
     assert swift["DDP + device_map (is_mp_ddp)"] is True
     assert layout["GPUs per rank"] == swift["GPUs per rank"]
     if used == n_gpu:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from helpers.devicemap import swift_devices
 from helpers.exercises import Wrong, call, checker, close, items, number, shown
 from helpers.parallelism import BF16_MIXED_ADAM, QWEN25_7B_PARAMETERS
-from helpers.sharding import swift_devices
 
 
 @checker("08.1")
