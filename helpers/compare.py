@@ -19,6 +19,8 @@ def _tensors(value, name: str) -> dict:
     if isinstance(value, torch.Tensor):
         return {"": value.detach()}
     if isinstance(value, (list, tuple)):
+        if any(t is None for t in value):
+            raise CourseError(f"{name} holds None where a tensor should be (a gradient before backward()); run backward() first.")
         return {str(i): t.detach() for i, t in enumerate(value)}
     raise CourseError(f"{name} is a {type(value).__name__}; give a tensor, a list of tensors, a state dict or a model.")
 
@@ -26,7 +28,7 @@ def _tensors(value, name: str) -> dict:
 def largest_difference(a, b) -> float:
     """The largest ``|a - b|`` over every element of two results of the same layout: two tensors, two lists
     of tensors (gradients), two state dicts with the same keys, or two models' parameters. Computed in
-    float64, so a float32 difference is not rounded again."""
+    float64, so the difference of two float32 results is not rounded back to float32."""
     left, right = _tensors(a, "the first result"), _tensors(b, "the second result")
     if left.keys() != right.keys():
         extra = sorted(set(left) ^ set(right))
