@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import torch
@@ -20,9 +21,13 @@ def _tensors(value, name: str) -> dict:
         return {"": value.detach()}
     if isinstance(value, (list, tuple)):
         if any(t is None for t in value):
-            raise CourseError(f"{name} holds None where a tensor should be (a gradient before backward()); run backward() first.")
+            raise CourseError(
+                f"{name} holds None where a tensor should be (a gradient before backward()); run backward() first."
+            )
         return {str(i): t.detach() for i, t in enumerate(value)}
-    raise CourseError(f"{name} is a {type(value).__name__}; give a tensor, a list of tensors, a state dict or a model.")
+    raise CourseError(
+        f"{name} is a {type(value).__name__}; give a tensor, a list of tensors, a state dict or a model."
+    )
 
 
 def largest_difference(a, b) -> float:
@@ -32,11 +37,17 @@ def largest_difference(a, b) -> float:
     left, right = _tensors(a, "the first result"), _tensors(b, "the second result")
     if left.keys() != right.keys():
         extra = sorted(set(left) ^ set(right))
-        raise CourseError(f"the two results do not have the same parts ({extra[:4]} are in only one); compare like with like.")
-    shapes = {k: (tuple(left[k].shape), tuple(right[k].shape)) for k in left if left[k].shape != right[k].shape}
+        raise CourseError(
+            f"the two results do not have the same parts ({extra[:4]} are in only one); compare like with like."
+        )
+    shapes = {
+        k: (tuple(left[k].shape), tuple(right[k].shape)) for k in left if left[k].shape != right[k].shape
+    }
     if shapes:
         key, (one, two) = next(iter(shapes.items()))
-        raise CourseError(f"part {key!r} has shape {one} in one result and {two} in the other; compare like with like.")
+        raise CourseError(
+            f"part {key!r} has shape {one} in one result and {two} in the other; compare like with like."
+        )
     gaps = [(left[k].double() - right[k].double()).abs().max().item() for k in left if left[k].numel()]
     return max(gaps, default=0.0)
 
@@ -44,3 +55,11 @@ def largest_difference(a, b) -> float:
 def gradients(model: nn.Module) -> list:
     """A model's gradients, parameter by parameter, for :func:`largest_difference`."""
     return [p.grad for p in model.parameters()]
+
+
+def fingerprint(module) -> str:
+    """A short hash of every parameter's exact bytes: equal fingerprints mean bit-identical replicas."""
+    digest = hashlib.sha256()
+    for p in module.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:12]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import answering, launching, lora, models, paths, selfcog
+from helpers import answering, launching, lora, models, paths, selfcog, swiftcli
 from helpers.errors import CourseError
 
 QUESTIONS_FILE = "questions.jsonl"
@@ -166,8 +166,8 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
     )
     env = launching.gpu_env(1)
     return {
-        "export": launching.swift_text("export", export_flags(record, merged), env),
-        "infer": launching.swift_text("infer", infer, env),
+        "export": swiftcli.swift_text("export", export_flags(record, merged), env),
+        "infer": swiftcli.swift_text("infer", infer, env),
     }
 
 

@@ -75,35 +75,6 @@ class LaunchResult:
         return "\n".join(self.lines)
 
 
-# --- used inside the launched scripts -----------------------------------------------------------
-
-
-def save_result(data) -> Path | None:
-    """In a launched script: save this rank's JSON-serialisable result for the notebook to read."""
-    folder = os.environ.get(RESULTS_ENV)
-    if not folder:
-        return None
-    rank = int(os.environ.get("RANK", "0"))
-    return paths.write_atomic(Path(folder) / f"rank{rank}.json", json.dumps(data))
-
-
-def finish() -> None:
-    """In a launched script, the last line: every rank leaves together, then the process ends.
-
-    All ranks meet at a barrier and close the process group; then the process exits at once,
-    skipping the interpreter's teardown, where a gloo background thread can still abort it
-    ("terminate called without an active exception") after all the work is done and saved.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 # --- process plumbing -----------------------------------------------------------------------------
 
 
@@ -122,7 +93,9 @@ def interruptible() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-LAUNCH_TIMEOUT_CAP = "COURSE_LAUNCH_TIMEOUT"  # seconds no launch may exceed, whatever a cell asks (make gpu-check)
+LAUNCH_TIMEOUT_CAP = (
+    "COURSE_LAUNCH_TIMEOUT"  # seconds no launch may exceed, whatever a cell asks (make gpu-check)
+)
 
 
 def capped(timeout: float) -> float:
@@ -303,7 +276,7 @@ class Launch:
     def exited_late(self, error: LaunchError) -> bool:
         """True when ``error`` is only a gloo abort in interpreter teardown after the work was done.
 
-        A script of ours avoids it with :func:`finish`; a program we do not write (``swift sft``)
+        A script of ours avoids it with :func:`helpers.worker.exit_together`; a program we do not write (``swift sft``)
         cannot, so for it the launch names the line that proves the work finished (``finished``).
         """
         if not self.finished or error.exitcode != -signal.SIGABRT:
@@ -408,7 +381,7 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
 # --- the two launchers a lesson uses ------------------------------------------------------------
 
 
-def _log_dir(label: str) -> Path:
+def log_folder(label: str) -> Path:
     return paths.run_dir("logs", f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
 
 
@@ -431,7 +404,7 @@ def prepare_torchrun(
     ``prefix`` goes in front of ``torchrun``: ``ip netns exec <node>`` runs it on a node of a
     :class:`helpers.netlab.Lab`, with that lab's address of node 0 as ``master_addr``.
     """
-    log_dir = _log_dir(Path(str(script)).stem)
+    log_dir = log_folder(Path(str(script)).stem)
     argv = [*(prefix or []), "torchrun", "--nproc-per-node", nproc]
     if nnodes > 1:
         argv += ["--nnodes", nnodes, "--node-rank", node_rank]
@@ -446,53 +419,6 @@ def prepare_torchrun(
 def torchrun(script, *args, timeout: float = 600, show: bool = True, **options) -> LaunchResult:
     """Run ``torchrun`` on ``script`` and wait; see :func:`prepare_torchrun` for the options."""
     return run(prepare_torchrun(script, *args, timeout=timeout, **options), show=show)[0]
-
-
-def prepare_swift(
-    subcommand: str, *args, nproc: int = 1, timeout: float = 1800, env=None, torchrun: bool = False
-) -> Launch:
-    """A ``swift`` CLI launch; with ``nproc`` > 1, or ``torchrun``, SWIFT starts torchrun itself.
-
-    SWIFT's entry point starts torchrun whenever NPROC_PER_NODE is set (swift/cli/main.py, use_torchrun).
-    ``torchrun=True`` does that for one process too: DeepSpeed needs the RANK and WORLD_SIZE torchrun
-    sets, and without them looks for MPI instead (deepspeed/comm/comm.py, mpi_discovery).
-    """
-    launch_env = dict(env or {})
-    log_dir = None
-    if nproc > 1 or torchrun:
-        log_dir = _log_dir(f"swift-{subcommand}")
-        launch_env = {
-            "NPROC_PER_NODE": nproc,
-            "MASTER_PORT": free_port(),
-            # torchrun reads PET_* for its options: tee each rank to the console with its rank
-            "PET_TEE": "3",
-            "PET_LOG_DIR": log_dir,
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
-            **launch_env,
-        }
-    return Launch(
-        ["swift", subcommand, *args],
-        env=launch_env,
-        label=f"swift {subcommand}",
-        timeout=timeout,
-        log_dir=log_dir,
-        finished=_swift_finished(subcommand, launch_env),
-    )
-
-
-def _swift_finished(subcommand: str, env: dict) -> str:
-    """The line that proves a ``swift`` job's work is done (see :meth:`Launch.exited_late`).
-
-    SWIFT's last log line, "End time of running main" (swift/pipelines/base.py, main), is an INFO line:
-    with ``LOG_LEVEL=WARNING`` it is never printed. Training then proves itself with rank 0's summary,
-    the dict holding 'train_runtime': swift/trainers/patcher.py saves the last checkpoint at max_steps
-    (DefaultFlowCallbackNew.on_step_end), and PrinterCallbackNew.on_log prints each log after writing it
-    to logging.jsonl, the summary last.
-    """
-    quiet = str(env.get("LOG_LEVEL", "INFO")).upper() in ("WARNING", "ERROR", "CRITICAL")
-    if quiet and subcommand in ("sft", "pt", "rlhf"):
-        return "'train_runtime'"
-    return "End time of running main"
 
 
 def visible_gpus(count: int, first: int = 0, inherit: bool = True) -> list[str]:
@@ -523,53 +449,3 @@ def gpu_env(gpus: int, torchrun: bool = False, inherit: bool = True) -> dict:
     :func:`prepare_swift`). ``inherit=False``: the command for another machine with ``gpus`` GPUs."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(gpus, inherit=inherit))}
     return {**env, "NPROC_PER_NODE": str(gpus)} if gpus > 1 or torchrun else env
-
-
-def swift_text(subcommand: str, args, env=None) -> str:
-    """A ``swift`` command as text to type in a terminal at the repository root: its environment, then one
-    option per line (paths in the checkout relative to it)."""
-    lines = [
-        (
-            " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()) + f" swift {subcommand}"
-        ).strip()
-    ]
-    for arg in map(str, args):
-        if arg.startswith("--") or len(lines) == 1:
-            lines.append("    " + shlex.quote(arg))
-        else:
-            lines[-1] += " " + shlex.quote(arg)
-    return paths.relative_text(" \\\n".join(lines))
-
-
-def swift(subcommand: str, *args, show: bool = True, **options) -> LaunchResult:
-    """Run the ``swift`` CLI and wait; see :func:`prepare_swift` for the options."""
-    return run(prepare_swift(subcommand, *args, **options), show=show)[0]
-
-
-def parse_swift_text(text: str) -> tuple[dict, str, list[str]]:
-    """``"A=1 swift sft --x y"`` (line continuations allowed) -> ``({"A": "1"}, "sft", ["--x", "y"])``."""
-    words = [os.path.expanduser(w) for w in shlex.split(text.replace("\\\n", " "))]
-    env = {}
-    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-        key, _, value = words.pop(0).partition("=")
-        env[key] = value
-    if len(words) < 2 or words[0] != "swift":
-        raise CourseError(
-            f"{text.splitlines()[0]!r} is not a swift command; write it as "
-            "'[VAR=value ...] swift <subcommand> --option value ...'."
-        )
-    return env, words[1], words[2:]
-
-
-def swift_shell(text: str, show: bool = True, **options) -> LaunchResult:
-    """Run exactly the command ``text`` shows (as :func:`swift_text` writes it), from the repository root;
-    NPROC_PER_NODE in its environment starts torchrun, as in a terminal. Where it does, the launcher adds
-    MASTER_PORT (a free port) and torchrun's output options (PET_*, the rank prefix), and says so."""
-    env, subcommand, args = parse_swift_text(text)
-    launch = prepare_swift(subcommand, *args, nproc=int(env.get("NPROC_PER_NODE", 1)), env=env, **options)
-    launch.cwd = paths.ROOT  # the text's paths are relative to the repository root
-    added = " ".join(f"{k}={v}" for k, v in launch.extra_env.items() if k not in env and k != RESULTS_ENV)
-    launch.shown_as = f"▶ swift {subcommand}: the command above" + (
-        f", with {paths.relative_text(added)}" if added else ""
-    )
-    return run(launch, show=show)[0]

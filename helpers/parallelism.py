@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from helpers import toys
+
 # --- 1. shards and their gradients ---------------------------------------------------------------
 
 
@@ -30,14 +32,9 @@ def make_classification(samples: int, features: int = 8, classes: int = 3, seed:
 
 
 def mlp(features: int = 8, hidden: int = 32, classes: int = 3, seed: int = 0, batchnorm: bool = False):
-    """A small float64 MLP (optionally with BatchNorm after the first layer), same weights for a given seed."""
-    with torch.random.fork_rng():  # leave the caller's random state alone
-        torch.manual_seed(seed)
-        layers = [nn.Linear(features, hidden)]
-        if batchnorm:
-            layers.append(nn.BatchNorm1d(hidden))
-        layers += [nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, classes)]
-        return nn.Sequential(*layers).double()
+    """Notebook 01's float64 model (optionally with BatchNorm after the first layer), same weights for a seed."""
+    widths = [features, hidden, hidden, classes]
+    return toys.mlp(widths, activation=nn.Tanh, batchnorm=batchnorm, seed=seed, dtype=torch.float64)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from helpers import launching, models, paths
+from helpers import launching, models, paths, swiftcli
 from helpers.errors import CourseError
 from helpers.selfcog import SYSTEM, read_jsonl
 
@@ -294,11 +294,11 @@ def sft_process(plan: SftPlan, script, timeout: float = 3600, env=None) -> dict:
 
 def shell_command(plan: SftPlan, subcommand: str = "sft", env=None) -> str:
     """The run as a shell command to type: its environment (``env`` first), ``swift sft``, one option per
-    line; ``launching.swift_shell`` runs exactly this text."""
+    line; ``swiftcli.swift_shell`` runs exactly this text."""
     env = {**(env or {}), **plan.env()}
     if plan.nproc > 1:
         env["NPROC_PER_NODE"] = str(plan.nproc)
-    return launching.swift_text(subcommand, plan.cli(), env)
+    return swiftcli.swift_text(subcommand, plan.cli(), env)
 
 
 @dataclass

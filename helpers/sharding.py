@@ -15,7 +15,9 @@ from collections import defaultdict
 import torch
 from torch import nn
 
+from helpers.bytecount import nbytes
 from helpers.parallelism import BF16_MIXED_ADAM, FP32_ADAM, Recipe
+from helpers.toys import mlp
 
 # --- 3. what each rank holds: the ZeRO formulas -------------------------------------------------------
 
@@ -63,19 +65,6 @@ def formula_bytes(n_params: int, world: int, method: str, recipe: Recipe | None 
     return {part: n_params * b / (world if part in SHARDED[method] else 1) for part, b in per_param.items()}
 
 
-def _nbytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 DTensor: this rank's shard only
-        key = (t.data_ptr(), t.numel())
-        if t.numel() and key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 def _moments(optimizer) -> list:
     return [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
 
@@ -84,10 +73,10 @@ def held_bytes_torch(model: nn.Module, optimizer) -> dict[str, int]:
     """Bytes this rank holds for a plain or FSDP2 model (call between backward and step)."""
     params = list(model.parameters())
     return {
-        "parameters": _nbytes(params),
+        "parameters": nbytes(params),
         "fp32 master copy": 0,
-        "gradients": _nbytes(p.grad for p in params),
-        "Adam moments": _nbytes(_moments(optimizer)),
+        "gradients": nbytes(p.grad for p in params),
+        "Adam moments": nbytes(_moments(optimizer)),
     }
 
 
@@ -115,10 +104,10 @@ def held_bytes_deepspeed(engine) -> dict[str, int]:
             for g in group or []
         ]
     return {
-        "parameters": _nbytes(weights),
-        "fp32 master copy": _nbytes(master),
-        "gradients": _nbytes(grads),
-        "Adam moments": _nbytes(_moments(opt.optimizer)),
+        "parameters": nbytes(weights),
+        "fp32 master copy": nbytes(master),
+        "gradients": nbytes(grads),
+        "Adam moments": nbytes(_moments(opt.optimizer)),
     }
 
 
@@ -256,14 +245,8 @@ def fsdp2_padded_params(model: nn.Module, world: int) -> int:
 
 
 def small_model(features: int = 32, hidden: int = 128, layers: int = 3, classes: int = 8, seed: int = 0):
-    """A float32 MLP: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        blocks: list[nn.Module] = [nn.Linear(features, hidden), nn.Tanh()]
-        for _ in range(layers - 1):
-            blocks += [nn.Linear(hidden, hidden), nn.Tanh()]
-        blocks.append(nn.Linear(hidden, classes))
-        return nn.Sequential(*blocks)
+    """Notebook 08's float32 model: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
+    return mlp([features] + [hidden] * layers + [classes], activation=nn.Tanh, seed=seed)
 
 
 def dataset(samples: int, features: int = 32, classes: int = 8, seed: int = 0):

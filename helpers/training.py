@@ -16,12 +16,8 @@ The pieces a complete DDP training script needs besides DDP itself:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import statistics
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +25,9 @@ from torch import nn
 
 from helpers.dataparallel import run_in_threads
 from helpers.errors import CourseError
+from helpers.toys import mlp
 
 FEATURES, CLASSES = 32, 10
-TMP_MARK = ".tmp-"  # temporary checkpoint files are named .<name>.tmp-<pid>
 
 
 # --- a deterministic toy problem ------------------------------------------------------------------
@@ -46,20 +42,9 @@ def toy_dataset(samples: int, features: int = FEATURES, classes: int = CLASSES, 
     return torch.utils.data.TensorDataset(x, y)
 
 
-def toy_model(
-    hidden: int = 256, features: int = FEATURES, classes: int = CLASSES, seed: int = 0
-) -> nn.Module:
-    """An MLP (features -> hidden -> hidden -> classes); the same seed gives the same weights in every process."""
-    with torch.random.fork_rng(devices=[]):  # PyTorch's usual initialisation; the global RNG is left alone
-        torch.manual_seed(seed)
-        model = nn.Sequential(
-            nn.Linear(features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, classes),
-        )
-    return model
+def toy_model(hidden: int = 256, features: int = FEATURES, classes: int = CLASSES, seed: int = 0) -> nn.Module:
+    """Notebook 04's MLP (features -> hidden -> hidden -> classes); the same seed, the same weights everywhere."""
+    return mlp([features, hidden, hidden, classes], seed=seed)
 
 
 def check_layout(samples: int, world: int, batch: int, accum: int) -> int:
@@ -103,27 +88,6 @@ def node_env(profile, node_rank: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
 
 
-def swift_launch_env() -> list[str]:
-    """The environment variables the installed ms-swift CLI turns into torchrun flags (read from its source).
-
-    ``swift.cli.main.get_torchrun_args`` passes each of them on as ``--<name in lower case>``; the
-    source is read rather than imported, because importing swift takes seconds.
-    """
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("swift")
-    if spec is None or not spec.submodule_search_locations:
-        raise CourseError("ms-swift is not installed; run `make setup`.")
-    source = (Path(next(iter(spec.submodule_search_locations))) / "cli" / "main.py").read_text()
-    found = re.search(r"for env_key in \[([^\]]*)\]", source)
-    if not found:
-        raise CourseError(
-            "this ms-swift version no longer lists its torchrun variables in swift/cli/main.py."
-        )
-    return re.findall(r"'([A-Z_]+)'", found.group(1))
-
-
 def device_for(backend: str) -> torch.device:
     """In a launched script: this rank's device (cuda:LOCAL_RANK with nccl, else the CPU)."""
     if backend == "nccl":
@@ -160,202 +124,6 @@ def init_distributed(backend: str) -> None:
         world_size=int(os.environ["WORLD_SIZE"]),
         timeout=timeout,
     )
-
-
-# --- DistributedSampler, inspected without any processes ---------------------------------------------
-
-
-def sampler_indices(samples: int, world: int, epochs: int, set_epoch: bool = True, seed: int = 0):
-    """``[epoch][rank]`` -> the sample indices DistributedSampler gives that rank in that epoch.
-
-    ``set_epoch=False`` reproduces the classic bug: the sampler is never told the epoch changed.
-    """
-    from torch.utils.data import DistributedSampler
-
-    data = range(samples)
-    samplers = [
-        DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=seed) for r in range(world)
-    ]
-    out = []
-    for epoch in range(epochs):
-        if set_epoch:
-            for s in samplers:
-                s.set_epoch(epoch)
-        out.append([list(s) for s in samplers])
-    return out
-
-
-def every_epoch_identical(indices) -> bool:
-    """True when every epoch hands every rank exactly the order of epoch 0."""
-    return all(epoch == indices[0] for epoch in indices)
-
-
-def disjoint_cover(ranks: list[list[int]], samples: int) -> bool:
-    """True when the ranks' shards share no sample and together hold every sample once."""
-    flat = [i for shard in ranks for i in shard]
-    return len(flat) == samples and sorted(flat) == list(range(samples))
-
-
-def sample_table(indices, show: int = 8) -> list[dict]:
-    """Rows for report.table: the first ``show`` indices of each rank in each epoch."""
-    rows = []
-    for epoch, ranks in enumerate(indices):
-        row = {"epoch": epoch}
-        for rank, shard in enumerate(ranks):
-            row[f"rank {rank}"] = " ".join(map(str, shard[:show])) + (" …" if len(shard) > show else "")
-        rows.append(row)
-    return rows
-
-
-def resume_point(step: int, steps_per_epoch: int, accum: int) -> tuple[int, int]:
-    """Where a run restarted after ``step`` optimizer steps picks up: (epoch, micro-batches to skip in it)."""
-    epoch, done = divmod(step, steps_per_epoch)
-    return epoch, done * accum
-
-
-# --- checkpoints: atomic on disk ------------------------------------------------------------------------
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj, path, wrap=None) -> Path:
-    """``torch.save(obj)`` to ``path`` so that ``path`` is either the old file or the complete new one.
-
-    Write ``.<name>.tmp-<pid>`` next to it, flush and fsync it, ``os.replace`` it over ``path`` (an
-    atomic rename on POSIX) and fsync the folder so the rename itself is durable. ``wrap(file)`` may
-    return a file-like object to write through instead (the lesson uses it to inject a crash).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, wrap(handle) if wrap else handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path
-
-
-class KillAfterBytes:
-    """A file wrapper that lets ``limit`` bytes through, then SIGKILLs its own process: a crash mid-write."""
-
-    def __init__(self, handle, limit: int):
-        self.handle, self.limit, self.written = handle, int(limit), 0
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        room = self.limit - self.written
-        if len(data) >= room:
-            self.handle.write(data[:room])
-            self.handle.flush()  # the half-written file really is on disk when the process dies
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.handle.write(data)
-        self.written += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-
-def load_checkpoint(path, device="cpu"):
-    """The checkpoint at ``path``, or None when there is none yet (a half-written temp file is never read)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location=device, weights_only=True)
-
-
-def try_load(path) -> tuple[bool, str]:
-    """(True, what it holds) if ``path`` loads as a checkpoint, else (False, why not)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated zip archive, an unpickling error, ...
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return False, f"{type(exc).__name__}: {first.split('. ')[0][:120]}"
-    return True, f"step {state.get('step')}" if isinstance(state, dict) and "step" in state else "loads"
-
-
-def folder_listing(folder) -> list[dict]:
-    """Every file in ``folder`` with its size and whether it loads as a checkpoint (for .pt files)."""
-    rows = []
-    for p in sorted(Path(folder).iterdir()):
-        if not p.is_file():
-            continue
-        row = {"file": p.name, "bytes": p.stat().st_size, "loads?": "", "holds": ""}
-        if p.suffix == ".pt" or TMP_MARK in p.name:
-            ok, what = try_load(p)
-            row["loads?"], row["holds"] = ok, what
-        rows.append(row)
-    return rows
-
-
-def partial_files(folder) -> list[Path]:
-    """Temporary checkpoint files left behind by a process that died while writing."""
-    return sorted(p for p in Path(folder).iterdir() if TMP_MARK in p.name)
-
-
-def load_weights(path) -> dict[str, torch.Tensor]:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    return state.get("model", state)
-
-
-def bit_equal(a: dict, b: dict) -> bool:
-    """Every tensor identical, bit for bit."""
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-# --- an append-only event log that survives SIGKILL -------------------------------------------------------
-
-
-class EventLog:
-    """JSON lines appended and flushed one by one: what was written before a SIGKILL stays on disk."""
-
-    def __init__(self, path, enabled: bool = True):
-        self.path, self.enabled = Path(path), enabled
-
-    def write(self, **event) -> None:
-        """Append one event; everything but per-step events is also printed."""
-        if not self.enabled:
-            return
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps({"time": time.time(), **event}) + "\n")
-        if event.get("event") != "step":
-            details = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "attempt"))
-            print(f"attempt {event.get('attempt', '?')}: {event.get('event')} {details}", flush=True)
-
-
-def read_events(path) -> list[dict]:
-    path = Path(path)
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
-
-
-def fault_story(events: list[dict]) -> list[dict]:
-    """One row per attempt: where it started, the last step it finished, checkpoints saved, how it ended."""
-    rows: dict[int, dict] = {}
-    for e in events:
-        row = rows.setdefault(
-            e["attempt"],
-            {"attempt": e["attempt"], "started at step": None, "last step": None, "saved": [], "ended": ""},
-        )
-        if e["event"] == "start":
-            row["started at step"] = e["step"]
-        elif e["event"] == "step":
-            row["last step"] = e["step"]
-        elif e["event"] == "saved":
-            row["saved"].append(e["step"])
-        elif e["event"] == "crash":
-            row["ended"] = f"SIGKILL while writing the step {e['step']} checkpoint"
-        elif e["event"] == "done":
-            row["ended"] = "finished"
-    return list(rows.values())
 
 
 # --- counting what DDP sends ---------------------------------------------------------------------------------
@@ -487,80 +255,6 @@ def machine_load() -> dict:
 
 
 # --- plots of what was measured ---------------------------------------------------------------------------
-
-
-def plot_sampler(with_epoch, without_epoch, samples: int):
-    """Which rank gets each sample in each epoch, with and without ``set_epoch`` (from the sampler itself)."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import ListedColormap
-
-    from helpers.plots import PALETTE
-
-    world = len(with_epoch[0])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(with_epoch) + 1.9), sharey=True)
-    for ax, indices, title in (
-        (axes[0], with_epoch, "with sampler.set_epoch(epoch)"),
-        (axes[1], without_epoch, "without set_epoch"),
-    ):
-        owner = np.full((len(indices), samples), -1)
-        order = np.zeros((len(indices), samples))
-        for e, ranks in enumerate(indices):
-            for r, shard in enumerate(ranks):
-                owner[e, shard] = r
-                order[e, shard] = np.arange(len(shard))
-        ax.imshow(owner, aspect="auto", cmap=ListedColormap(PALETTE[:world]), interpolation="nearest")
-        ax.set_title(title)
-        ax.set_xlabel("sample index (colour: the rank that trains on it)")
-        ax.set_yticks(range(len(indices)), [f"epoch {e}" for e in range(len(indices))])
-        ax.grid(False)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r]) for r in range(world)]
-    axes[1].legend(
-        handles,
-        [f"rank {r}" for r in range(world)],
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1),
-        frameon=False,
-    )
-    fig.suptitle("DistributedSampler's shards, per epoch")
-    fig.tight_layout()
-    return fig
-
-
-def plot_fault_recovery(reference_losses: list[float], events: list[dict], kill_at: int):
-    """Loss per step: the uninterrupted run, the attempt that was killed, and the restarted attempt."""
-    import matplotlib.pyplot as plt
-
-    from helpers.plots import PALETTE
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    steps = range(1, len(reference_losses) + 1)
-    ax.plot(steps, reference_losses, "-", lw=6, alpha=0.25, color="black", label="uninterrupted run")
-    markers = ("o", "x", "s", "^")
-    for attempt in sorted({e["attempt"] for e in events}):
-        mine = [e for e in events if e["attempt"] == attempt and e["event"] == "step"]
-        ax.plot(
-            [e["step"] for e in mine],
-            [e["loss"] for e in mine],
-            markers[attempt % 4],
-            ms=8 - 2 * attempt,
-            color=PALETTE[attempt],
-            label=f"attempt {attempt} (TORCHELASTIC_RESTART_COUNT={attempt})",
-        )
-    for e in events:
-        if e["event"] == "saved":
-            ax.axvline(e["step"], color=PALETTE[2], lw=1, ls=":", alpha=0.8)
-    ax.axvline(kill_at, color=PALETTE[3], lw=2, label=f"SIGKILL while saving step {kill_at}")
-    starts = [e["step"] for e in events if e["event"] == "start" and e["attempt"] > 0]
-    for s in starts:
-        ax.axvspan(s + 0.5, kill_at + 0.5, color=PALETTE[3], alpha=0.08, label="steps done twice")
-    ax.plot([], [], ls=":", color=PALETTE[2], label="checkpoint saved")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (rank 0)")
-    ax.set_title("A worker killed mid-checkpoint, restarted by torchrun, resumed from the last checkpoint")
-    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    return fig
 
 
 def plot_comm(rows: list[dict]):

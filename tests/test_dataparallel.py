@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compare
+from helpers import bytecount, compare, dp_costs
 from helpers import dataparallel as dp
 from helpers.errors import CourseError
 
@@ -53,7 +53,7 @@ def test_nine_steps_in_order_with_forward_and_backward_in_one_thread_per_device(
 
 
 def test_one_device_runs_inline_without_threads(batch):
-    with dp.count_thread_starts() as started:
+    with dp_costs.count_thread_starts() as started:
         trace = dp.ThreadedDataParallel(dp.make_model(SPEC), 1).step(*batch)
     assert started[0] == 0
     assert trace.moved() == [0]
@@ -75,7 +75,7 @@ def test_bytes_moved_follow_the_nine_steps(batch):
     k = 4
     model = dp.make_model(SPEC)
     trace = dp.ThreadedDataParallel(model, k).step(*batch)
-    weights = dp.nbytes(model)
+    weights = bytecount.nbytes(model)
     by_step = {s: sum(e.nbytes for e in trace.events if e.step == s) for s in dp.STEPS}
     x, _ = batch
     rows_elsewhere = BATCH - len(x.tensor_split(k)[0])
@@ -151,7 +151,7 @@ def test_trace_tables_and_timeline_spans(batch):
 
 
 def test_burden_and_step_times_measure_every_k():
-    rows = dp.burden(SPEC, BATCH, 3, repeats=2)
+    rows = dp_costs.burden(SPEC, BATCH, 3, repeats=2)
     assert [r["K"] for r in rows] == [1, 2, 3]
     assert rows[0]["main MB moved"] == 0 and rows[0]["main share of CPU time"] == 1
     for r in rows[1:]:
@@ -159,25 +159,25 @@ def test_burden_and_step_times_measure_every_k():
         assert r["main share of bytes moved"] == pytest.approx(0.5)
         assert r["main MB held"] > r["other MB held"]
         assert 0 < r["main share of CPU time"] < 1
-    times = dp.step_times(SPEC, BATCH, 2, steps=2)
+    times = dp_costs.step_times(SPEC, BATCH, 2, steps=2)
     assert [r["K"] for r in times] == [0, 1, 2]
     assert all(r["step ms"] > 0 for r in times)
     assert all(r["fwd+bwd wall ms"] > 0 and r["fwd+bwd thread CPU ms"] > 0 for r in times[1:])
-    dp.plot_burden(rows)
-    dp.plot_step_times({"tiny": times})
+    dp_costs.plot_burden(rows)
+    dp_costs.plot_step_times({"tiny": times})
 
 
 def test_threaded_training_equals_one_device_training():
-    threaded, t1 = dp.train_threaded(SPEC, BATCH, steps=3, k=2)
-    single, t2 = dp.train_single_device(SPEC, BATCH, steps=3)
+    threaded, t1 = dp_costs.train_threaded(SPEC, BATCH, steps=3, k=2)
+    single, t2 = dp_costs.train_single_device(SPEC, BATCH, steps=3)
     assert len(t1) == len(t2) == 3
     assert compare.largest_difference(threaded, single) < 1e-6
-    dp.plot_dp_vs_ddp({"threads": t1, "one device": t2})
+    dp_costs.plot_dp_vs_ddp({"threads": t1, "one device": t2})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, nn.DataParallel uses it")
 def test_torch_dataparallel_is_a_pass_through_on_cpu():
-    seen = dp.torch_dataparallel_on_cpu(SPEC, BATCH)
+    seen = dp_costs.torch_dataparallel_on_cpu(SPEC, BATCH)
     assert seen["device_ids"] == [] and seen["wraps the module itself"]
     assert seen["calls"] == {
         "module.forward": 1,
@@ -192,7 +192,7 @@ def test_torch_dataparallel_is_a_pass_through_on_cpu():
 
 def test_count_thread_starts_counts_and_restores():
     original = threading.Thread.start
-    with dp.count_thread_starts() as started:
+    with dp_costs.count_thread_starts() as started:
         t = threading.Thread(target=lambda: None)
         t.start()
         t.join()

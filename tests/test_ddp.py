@@ -7,36 +7,36 @@ import time
 
 import pytest
 
-from helpers import ddp, launching
+from helpers import bucketing, bytecount, collective, comm_hooks, compare, exercises, launching, toys
 from helpers.errors import CourseError
 
-MiB = ddp.MiB
+MiB = bucketing.MiB
 
 
 # --- bucket packing -------------------------------------------------------------------------------
 
 
 def test_a_bucket_closes_once_it_reaches_its_cap():
-    assert ddp.expected_buckets([3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
-    assert ddp.expected_buckets([3, 3, 3], 7) == [[0, 1, 2]]  # 6 < 7, then 9 >= 7
-    assert ddp.expected_buckets([10, 1, 1], 5) == [[0], [1, 2]]  # one big parameter fills a bucket alone
-    assert ddp.expected_buckets([1, 1, 1], 100) == [[0, 1, 2]]
-    assert ddp.expected_buckets([], 5) == []
+    assert bucketing.expected_buckets([3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
+    assert bucketing.expected_buckets([3, 3, 3], 7) == [[0, 1, 2]]  # 6 < 7, then 9 >= 7
+    assert bucketing.expected_buckets([10, 1, 1], 5) == [[0], [1, 2]]  # one big parameter fills a bucket alone
+    assert bucketing.expected_buckets([1, 1, 1], 100) == [[0, 1, 2]]
+    assert bucketing.expected_buckets([], 5) == []
 
 
 def test_the_first_bucket_may_have_its_own_smaller_cap():
-    assert ddp.expected_buckets([2, 2, 2, 2, 2], 6, first_cap_bytes=2) == [[0], [1, 2, 3], [4]]
+    assert bucketing.expected_buckets([2, 2, 2, 2, 2], 6, first_cap_bytes=2) == [[0], [1, 2, 3], [4]]
 
 
 def test_predicted_buckets_follow_the_gradient_ready_order():
     sizes = [40, 10, 30, 20]  # model order
     # backward makes the last parameters ready first
-    assert ddp.predict_buckets(sizes, [3, 2, 1, 0], 50) == [[3, 2], [1, 0]]
+    assert bucketing.predict_buckets(sizes, [3, 2, 1, 0], 50) == [[3, 2], [1, 0]]
 
 
 def test_ddp_logging_strings_are_parsed():
-    assert ddp.parse_index_groups("7 6 5 4, 3 2, 1 0") == [[7, 6, 5, 4], [3, 2], [1, 0]]
-    assert ddp.parse_index_groups("") == []
+    assert bucketing.parse_index_groups("7 6 5 4, 3 2, 1 0") == [[7, 6, 5, 4], [3, 2], [1, 0]]
+    assert bucketing.parse_index_groups("") == []
 
 
 def test_bucket_rows_and_layouts_describe_what_the_hook_saw():
@@ -45,11 +45,11 @@ def test_bucket_rows_and_layouts_describe_what_the_hook_saw():
         {"bucket": 1, "params": ["a.bias", "a.weight"], "bytes": 404},
         {"bucket": 0, "params": ["b.bias", "b.weight"], "bytes": 808},
     ]
-    rows = ddp.bucket_rows(seen, sizes)
+    rows = bucketing.bucket_rows(seen, sizes)
     assert [r["bucket"] for r in rows] == [0, 1]
     assert rows[0]["params' own bytes"] == 808 and rows[1]["tensors"] == 2
     found = {"0.001": {"first": [{"bucket": 0, "params": list(sizes), "bytes": 1212}], "later": seen}}
-    rows = ddp.layouts(found, sizes)
+    rows = bucketing.layouts(found, sizes)
     assert list(rows) == ["first step, any cap (1 bucket)", "bucket_cap_mb=0.001 (2 buckets)"]
     assert rows["bucket_cap_mb=0.001 (2 buckets)"][0] == [("a.bias", 4), ("a.weight", 400)]
 
@@ -59,8 +59,8 @@ def test_bucket_rows_and_layouts_describe_what_the_hook_saw():
 
 @pytest.mark.parametrize("n, factor", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
 def test_bus_bandwidth_factor(n, factor):
-    assert ddp.bus_factor(n) == pytest.approx(factor)
-    bw = ddp.bandwidths(1e9, 0.5, n)
+    assert collective.bus_factor(n) == pytest.approx(factor)
+    bw = collective.bandwidths(1e9, 0.5, n)
     assert bw["algbw"] == pytest.approx(2e9)
     assert bw["busbw"] == pytest.approx(2e9 * factor)
 
@@ -69,26 +69,26 @@ def test_bandwidth_table_takes_the_slowest_rank():
     def rank(seconds):
         return {"bandwidth": {"ring": [{"bytes": 1000, "seconds": seconds}]}}
 
-    (row,) = ddp.bandwidth_table([rank(0.001), rank(0.002)])
+    (row,) = collective.bandwidth_table([rank(0.001), rank(0.002)])
     assert row["ms"] == pytest.approx(2.0)
     assert row["algbw GB/s"] == pytest.approx(1000 / 0.002 / 1e9)
     assert row["busbw GB/s"] == pytest.approx(row["algbw GB/s"])  # n = 2: factor 1
 
 
 def test_message_sizes_and_human_bytes():
-    assert ddp.message_sizes(4096, 65536) == [4096, 16384, 65536]
-    assert ddp.human_bytes(4096) == "4 KiB" and ddp.human_bytes(1.5 * MiB) == "1.5 MiB"
-    assert ddp.human_bytes(64 * MiB) == "64 MiB"
-    assert ddp.human_bytes(100) == "100 B"
+    assert collective.message_sizes(4096, 65536) == [4096, 16384, 65536]
+    assert bytecount.human_bytes(4096) == "4 KiB" and bytecount.human_bytes(1.5 * MiB) == "1.5 MiB"
+    assert bytecount.human_bytes(64 * MiB) == "64 MiB"
+    assert bytecount.human_bytes(100) == "100 B"
 
 
 # --- timelines and the simulated wire -------------------------------------------------------------
 
 
 def test_a_serial_link_starts_each_message_when_ready_and_free():
-    assert ddp.link_finish_times([0, 0, 0], [1, 1, 1]) == [1, 2, 3]  # queued behind each other
-    assert ddp.link_finish_times([0, 5, 6], [1, 1, 1]) == [1, 6, 7]  # the link waits for readiness
-    assert ddp.link_finish_times([0, 0.5], [2, 0.1]) == [2, 2.1]
+    assert comm_hooks.link_finish_times([0, 0, 0], [1, 1, 1]) == [1, 2, 3]  # queued behind each other
+    assert comm_hooks.link_finish_times([0, 5, 6], [1, 1, 1]) == [1, 6, 7]  # the link waits for readiness
+    assert comm_hooks.link_finish_times([0, 0.5], [2, 0.1]) == [2, 2.1]
 
 
 def step(overlap, buckets):
@@ -108,27 +108,27 @@ def test_communication_during_backward_counts_the_union_of_in_flight_time():
         {"bucket": 0, "bytes": 8, "ready": 1.5, "done": 2.5},
         {"bucket": 1, "bytes": 8, "ready": 2.0, "done": 3.5},  # overlaps bucket 0 and outlives backward
     ]
-    assert ddp.comm_during_backward(step(True, buckets)) == pytest.approx(1.5)  # 1.5 .. 3.0
+    assert comm_hooks.comm_during_backward(step(True, buckets)) == pytest.approx(1.5)  # 1.5 .. 3.0
     after = [{"bucket": 0, "bytes": 8, "ready": 3.0, "done": 3.8}]
-    assert ddp.comm_during_backward(step(False, after)) == 0
+    assert comm_hooks.comm_during_backward(step(False, after)) == 0
 
 
 def test_step_spans_put_compute_on_one_lane_and_each_bucket_on_its_own():
-    spans = ddp.step_spans(step(True, [{"bucket": 0, "bytes": 2 * MiB, "ready": 1.5, "done": 2.5}]))
+    spans = comm_hooks.step_spans(step(True, [{"bucket": 0, "bytes": 2 * MiB, "ready": 1.5, "done": 2.5}]))
     assert [s["label"] for s in spans] == ["forward", "backward", "optimizer step", "all-reduce"]
     assert {s["lane"] for s in spans} == {"compute", "bucket 0 (2 MiB)"}
 
 
 def test_typical_step_is_the_one_nearest_the_median():
     steps = [{"overlap": True, "seconds": s} for s in (1.0, 5.0, 2.0)] + [{"overlap": False, "seconds": 9.0}]
-    assert ddp.typical_step(steps, True)["seconds"] == 2.0
-    assert ddp.median_seconds(steps, False) == 9.0
+    assert comm_hooks.typical_step(steps, True)["seconds"] == 2.0
+    assert comm_hooks.median_seconds(steps, False) == 9.0
 
 
 def test_the_simulated_link_delivers_in_order_after_its_wire_time():
     import torch
 
-    link = ddp.SimulatedLink(bandwidth=4 * 1000 / 0.05, latency=0.01)  # 1000 floats: 0.06 s each
+    link = comm_hooks.SimulatedLink(bandwidth=4 * 1000 / 0.05, latency=0.01)  # 1000 floats: 0.06 s each
     try:
         arrived = []
         start = time.perf_counter()
@@ -149,20 +149,20 @@ def test_the_simulated_link_delivers_in_order_after_its_wire_time():
 
 
 def test_the_models_and_their_fingerprints():
-    a, b = ddp.mlp([4, 8, 2], seed=0), ddp.mlp([4, 8, 2], seed=0)
+    a, b = toys.mlp([4, 8, 2], seed=0), toys.mlp([4, 8, 2], seed=0)
     assert [n for n, _ in a.named_parameters()] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
-    assert ddp.fingerprint(a) == ddp.fingerprint(b)
-    assert ddp.parameter_bytes(a) == 4 * (4 * 8 + 8 + 8 * 2 + 2)
+    assert compare.fingerprint(a) == compare.fingerprint(b)
+    assert bytecount.nbytes(a) == 4 * (4 * 8 + 8 + 8 * 2 + 2)
     with __import__("torch").no_grad():
         next(b.parameters())[0, 0] += 1e-6
-    assert ddp.fingerprint(a) != ddp.fingerprint(b)
-    assert ddp.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
+    assert compare.fingerprint(a) != compare.fingerprint(b)
+    assert bucketing.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
 
 
 def test_show_source_returns_the_source(capsys):
     from helpers import report
 
-    assert "def ring_all_reduce" in report.show_source(ddp.ring_all_reduce)
+    assert "def ring_all_reduce" in report.show_source(collective.ring_all_reduce)
     assert "def ring_all_reduce" in capsys.readouterr().out  # outside Jupyter it is printed
 
 
@@ -178,40 +178,40 @@ SCRIPT = textwrap.dedent(
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers import ddp
-    from helpers.launching import finish, save_result
+    from helpers import bucketing, bytecount, collective, comm_hooks, compare, exercises, toys, worker
+    from helpers.worker import exit_together, save_result
 
-    me = ddp.start("gloo")
+    me = worker.init_rank("gloo")
     ring = []
     for n in (1, 2, 3, 1001):  # fewer elements than ranks, uneven chunks
         data = torch.randint(-99, 99, (n,), generator=torch.Generator().manual_seed(me.rank)).float()
         library = data.clone()
         dist.all_reduce(library)
-        ring.append(torch.equal(ddp.ring_all_reduce(data.clone()), library))
+        ring.append(torch.equal(collective.ring_all_reduce(data.clone()), library))
 
-    x, y = ddp.make_batch(ddp.ANATOMY_WIDTHS, 4, me.rank, me.device)
+    x, y = comm_hooks.make_batch(bucketing.ANATOMY_WIDTHS, 4, me.rank, me.device)
     buckets = {}
     for cap in (0.1, 1.0):
-        net = DDP(ddp.mlp(ddp.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=cap)
-        log = ddp.HookLog.of(net.module, me.world)
-        net.register_comm_hook(log, ddp.timed_allreduce_hook)
+        net = DDP(toys.mlp(bucketing.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=cap)
+        log = comm_hooks.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, comm_hooks.timed_allreduce_hook)
         for _ in range(3):
             log.reset()
             F.mse_loss(net(x), y).backward()
-        buckets[cap] = {"seen": ddp.bucket_summary(log), "ddp": ddp.ddp_buckets(net)}
+        buckets[cap] = {"seen": bucketing.bucket_summary(log), "ddp": bucketing.ddp_buckets(net)}
 
     prints = {}
     for overlap in (True, False):  # one step each way from the same start: the same update
-        net = DDP(ddp.mlp(ddp.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1.0)
-        log = ddp.HookLog.of(net.module, me.world)
-        net.register_comm_hook(log, ddp.timed_allreduce_hook)
+        net = DDP(toys.mlp(bucketing.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1.0)
+        log = comm_hooks.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, comm_hooks.timed_allreduce_hook)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-        ddp.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
-        s = ddp.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=ddp.buckets_from_log(log, net.module))
-        prints[overlap] = ddp.fingerprint(net.module)
-        assert (ddp.comm_during_backward(s) > 0) == overlap
-    save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": ddp.everyone(me.rank)})
-    finish()
+        comm_hooks.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
+        s = comm_hooks.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=comm_hooks.buckets_from_log(log, net.module))
+        prints[overlap] = compare.fingerprint(net.module)
+        assert (comm_hooks.comm_during_backward(s) > 0) == overlap
+    save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": worker.gather_objects(me.rank)})
+    exit_together()
     """
 )
 
@@ -238,12 +238,12 @@ def test_ddp_buckets_match_the_hook_and_the_packing_rule(two_ranks):
     for result in two_ranks.results:
         for cap, found in result["buckets"].items():
             own = found["ddp"]
-            names = [n for n, _ in ddp.mlp(ddp.ANATOMY_WIDTHS).named_parameters()]
-            sizes = [p.numel() * 4 for p in ddp.mlp(ddp.ANATOMY_WIDTHS).parameters()]
+            names = [n for n, _ in toys.mlp(bucketing.ANATOMY_WIDTHS).named_parameters()]
+            sizes = [p.numel() * 4 for p in toys.mlp(bucketing.ANATOMY_WIDTHS).parameters()]
             seen = [[names.index(p) for p in b["params"]] for b in found["seen"]]
             assert own["rebuilt"] and seen == own["param_indices"]
             assert own["grad_ready_order"] == list(reversed(range(len(names))))
-            assert seen == ddp.predict_buckets(sizes, own["grad_ready_order"], int(float(cap) * MiB))
+            assert seen == bucketing.predict_buckets(sizes, own["grad_ready_order"], int(float(cap) * MiB))
             assert sum(b["bytes"] for b in found["seen"]) == sum(sizes) == own["total_parameter_bytes"]
     counts = {cap: len(found["seen"]) for cap, found in two_ranks.results[0]["buckets"].items()}
     assert counts == {"0.1": 4, "1.0": 3}
@@ -258,7 +258,7 @@ def test_overlap_and_the_no_overlap_baseline_make_the_same_update(two_ranks):
 def test_the_link_thread_does_not_block_the_caller():
     import torch
 
-    link = ddp.SimulatedLink(bandwidth=8.0, latency=0.0)  # 4 bytes take half a second
+    link = comm_hooks.SimulatedLink(bandwidth=8.0, latency=0.0)  # 4 bytes take half a second
     try:
         t = time.perf_counter()
         fut = link.send(torch.zeros(1))
@@ -275,23 +275,23 @@ def test_summaries_of_the_measurements():
         {"overlap": True, "seconds": 0.2, "backward_seconds": 0.12},
         {"overlap": False, "seconds": 0.3, "backward_seconds": 0.1},
     ]
-    (row,) = ddp.overlap_table({"gloo": steps})
+    (row,) = comm_hooks.overlap_table({"gloo": steps})
     assert row["speedup"] == pytest.approx(1.5) and row["backward alone (ms)"] == pytest.approx(100)
     sweep = [
         {"network": "gloo", "cap_mb": 1, "seconds": 0.3},
         {"network": "gloo", "cap_mb": 25, "seconds": 0.2},
         {"network": "simulated", "cap_mb": 1, "seconds": 0.1},
     ]
-    assert ddp.best_caps(sweep) == {"gloo": 25, "simulated": 1}
+    assert comm_hooks.best_caps(sweep) == {"gloo": 25, "simulated": 1}
     apart, overlapping = [0.20, 0.21, 0.22, 0.23], [0.30, 0.31, 0.29, 0.32]
-    assert ddp.clearly_faster(apart, overlapping) and not ddp.clearly_faster(overlapping, apart)
-    assert not ddp.clearly_faster([0.20, 0.25, 0.30, 0.35], [0.28, 0.33, 0.38, 0.43])  # quartiles overlap
-    assert not ddp.clearly_faster([0.1], [0.5])  # one sample has no spread
+    assert comm_hooks.clearly_faster(apart, overlapping) and not comm_hooks.clearly_faster(overlapping, apart)
+    assert not comm_hooks.clearly_faster([0.20, 0.25, 0.30, 0.35], [0.28, 0.33, 0.38, 0.43])  # quartiles overlap
+    assert not comm_hooks.clearly_faster([0.1], [0.5])  # one sample has no spread
     for row, samples in zip(sweep, ([0.31, 0.30, 0.29], [0.2, 0.21, 0.19], [0.1, 0.1, 0.1]), strict=True):
         row["samples"] = samples
-    assert ddp.best_cap_is_clear(sweep) == {"gloo": True, "simulated": False}  # one cap: no runner-up
+    assert comm_hooks.best_cap_is_clear(sweep) == {"gloo": True, "simulated": False}  # one cap: no runner-up
     rows = [{"implementation": "a", "busbw GB/s": 1.0}, {"implementation": "a", "busbw GB/s": 3.0}]
-    assert ddp.peak_busbw(rows) == {"a": 3.0}
+    assert collective.peak_busbw(rows) == {"a": 3.0}
 
 
 def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or_hung_rank():
@@ -303,7 +303,7 @@ def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or
         dist.all_reduce(t)
         return (rank, world, t.item())
 
-    assert ddp.on_ranks(total, 3) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)]
+    assert exercises.on_ranks(total, 3) == [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)]
 
     def fails_on_one(rank, world):
         if rank == 1:
@@ -313,7 +313,7 @@ def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or
     with pytest.raises(
         CourseError, match=r"rank 1 failed: ValueError: bad shard \(line \d+, in fails_on_one\)"
     ):
-        ddp.on_ranks(fails_on_one, 2)
+        exercises.on_ranks(fails_on_one, 2)
 
     def waits_alone(rank, world):
         if rank == 0:
@@ -323,27 +323,27 @@ def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or
 
     start = time.monotonic()
     with pytest.raises(CourseError, match="did not all finish within 3 s"):
-        ddp.on_ranks(waits_alone, 2, timeout=3)
+        exercises.on_ranks(waits_alone, 2, timeout=3)
     assert time.monotonic() - start < 10
 
 
 def test_alpha_beta_fit_recovers_a_line_and_keeps_latency_non_negative():
     sizes = [2**18, 2**20, 2**22, 2**24]
-    alpha, beta = ddp.fit_alpha_beta(sizes, [1e-3 + s / 125e6 for s in sizes])  # 1 ms + 1 Gbit/s
+    alpha, beta = collective.fit_alpha_beta(sizes, [1e-3 + s / 125e6 for s in sizes])  # 1 ms + 1 Gbit/s
     assert alpha == pytest.approx(1e-3, rel=1e-6) and 1 / beta == pytest.approx(125e6, rel=1e-6)
-    alpha, beta = ddp.fit_alpha_beta(sizes, [s / 125e6 - 1e-4 for s in sizes])  # "negative latency"
+    alpha, beta = collective.fit_alpha_beta(sizes, [s / 125e6 - 1e-4 for s in sizes])  # "negative latency"
     assert alpha == 0.0 and 1 / beta == pytest.approx(125e6, rel=0.05)
     with pytest.raises(CourseError, match="two or more distinct"):
-        ddp.fit_alpha_beta([2**20, 2**20], [0.1, 0.2])
+        collective.fit_alpha_beta([2**20, 2**20], [0.1, 0.2])
     with pytest.raises(CourseError, match="do not grow"):
-        ddp.fit_alpha_beta([2**20, 2**22], [0.2, 0.1])
+        collective.fit_alpha_beta([2**20, 2**22], [0.2, 0.1])
 
 
 def test_paired_speedups_and_quartiles():
     steps = [{"overlap": o, "seconds": t} for o, t in [(True, 1.0), (False, 1.5), (True, 2.0), (False, 2.0)]]
-    assert ddp.paired_speedups(steps) == [1.5, 1.0]
-    assert ddp.quartiles([3.0]) == (3.0, 3.0, 3.0)
-    low, mid, high = ddp.quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert comm_hooks.paired_speedups(steps) == [1.5, 1.0]
+    assert comm_hooks.quartiles([3.0]) == (3.0, 3.0, 3.0)
+    low, mid, high = comm_hooks.quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
     assert low < mid == 3.0 < high
 
 
@@ -353,8 +353,8 @@ def test_plot_link_draws_the_fastest_repeat_and_the_fitted_line():
     matplotlib.use("Agg")
     sizes = (2**18, 2**20, 2**22)
     rows = [{"bytes": s, "samples": [s / 1e8 + 0.001, s / 1e8, s / 1e8 + 0.002]} for s in sizes]  # 800 Mbit/s
-    fits = {1000.0: ddp.fit_alpha_beta(list(sizes), [min(r["samples"]) for r in rows])}
-    ax = ddp.plot_link({1000.0: rows}, fits).axes[0]
+    fits = {1000.0: collective.fit_alpha_beta(list(sizes), [min(r["samples"]) for r in rows])}
+    ax = collective.plot_link({1000.0: rows}, fits).axes[0]
     fitted = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert len(fitted) == 1
     assert list(fitted[0].get_ydata()) == pytest.approx([s / 1e8 * 1e3 for s in sizes])

@@ -9,7 +9,19 @@ import weakref
 import pytest
 import swift_cli
 
-from helpers import answering, devicemap, inference, launching, models, profiles, selfcog, sft, training, web
+from helpers import (
+    answering,
+    devicemap,
+    disk,
+    inference,
+    launching,
+    models,
+    profiles,
+    selfcog,
+    sft,
+    training,
+    web,
+)
 from helpers.errors import CourseError
 
 NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
@@ -172,14 +184,14 @@ def test_a_download_checks_the_free_space_first(tmp_path, monkeypatch):
     message = str(info.value)
     assert "needs about 16 GB" in message and "4.0 GB free" in message and "MODELSCOPE_CACHE" in message
     with pytest.raises(CourseError, match="needs about 32 GB"):
-        models.gpu_route_space(tmp_path / "outputs")  # 05: the two downloads of the route, before the first
+        disk.gpu_route_space(tmp_path / "outputs")  # 05: the two downloads of the route, before the first
 
 
 def test_the_route_says_what_it_needs_when_there_is_room(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**13, 0, 10**13))
-    said = models.gpu_route_space(tmp_path / "outputs")
-    assert f"about {models.GPU_ROUTE_GB} GB" in said and "30.6 GB" in said and "h at 10 MB/s" in said
+    said = disk.gpu_route_space(tmp_path / "outputs")
+    assert f"about {disk.GPU_ROUTE_GB} GB" in said and "30.6 GB" in said and "h at 10 MB/s" in said
 
 
 # --- 6, 7, 8, 16: 06's runs on the gpu profile -------------------------------------------------------------

@@ -11,13 +11,13 @@ import time
 import pytest
 
 from conftest import processes_mentioning
-from helpers import launching
+from helpers import launching, swiftcli
 
 SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     import torch.distributed as dist
-    from helpers.launching import finish, save_result
+    from helpers.worker import exit_together, save_result
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
         raise ValueError("rank one is unhappy")
     if mode == "hang":
         time.sleep(600)
-    finish()
+    exit_together()
     """
 )
 
@@ -141,11 +141,11 @@ def test_a_single_process_failure_quotes_its_traceback(build):
 
 
 def test_swift_with_several_processes_sets_torchrun_options(build):
-    launch = launching.prepare_swift("sft", "--model", "x", nproc=2)
+    launch = swiftcli.prepare_swift("sft", "--model", "x", nproc=2)
     command = launch.command
     assert command.startswith("NPROC_PER_NODE=2 MASTER_PORT=")
     assert "PET_TEE=3" in command and command.endswith("swift sft --model x")
-    assert launching.prepare_swift("infer", "--model", "x").command == "swift infer --model x"
+    assert swiftcli.prepare_swift("infer", "--model", "x").command == "swift infer --model x"
 
 
 def test_free_ports_are_free():
@@ -194,12 +194,12 @@ def test_an_abort_while_exiting_after_the_work_is_a_note_not_an_error(tmp_path, 
 
 
 def test_swift_launches_name_the_line_that_proves_the_work_finished():
-    assert launching.prepare_swift("sft", "--help").finished == "End time of running main"
+    assert swiftcli.prepare_swift("sft", "--help").finished == "End time of running main"
     # LOG_LEVEL=WARNING hides that INFO line: training then proves itself with rank 0's summary
-    quiet = launching.prepare_swift("sft", "--help", nproc=2, env={"LOG_LEVEL": "WARNING"})
+    quiet = swiftcli.prepare_swift("sft", "--help", nproc=2, env={"LOG_LEVEL": "WARNING"})
     assert quiet.finished == "'train_runtime'"
     assert (
-        launching.prepare_swift("export", env={"LOG_LEVEL": "WARNING"}).finished == "End time of running main"
+        swiftcli.prepare_swift("export", env={"LOG_LEVEL": "WARNING"}).finished == "End time of running main"
     )
     assert launching.prepare_torchrun("x.py").finished is None
 
@@ -256,9 +256,9 @@ def test_the_stop_button_stops_a_launch_and_the_next_cell_runs(script):
 
 def test_swift_goes_through_torchrun_for_one_process_when_asked(build):
     """DeepSpeed needs torchrun's RANK and WORLD_SIZE even on one GPU: NPROC_PER_NODE=1 makes SWIFT use it."""
-    one = launching.prepare_swift("sft", "--deepspeed", "zero2", nproc=1, torchrun=True).command
+    one = swiftcli.prepare_swift("sft", "--deepspeed", "zero2", nproc=1, torchrun=True).command
     assert one.startswith("NPROC_PER_NODE=1 MASTER_PORT=") and one.endswith("swift sft --deepspeed zero2")
-    assert "NPROC_PER_NODE" not in launching.prepare_swift("sft", nproc=1).command
+    assert "NPROC_PER_NODE" not in swiftcli.prepare_swift("sft", nproc=1).command
 
 
 def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
@@ -311,7 +311,7 @@ def test_a_shown_swift_command_is_run_exactly_as_written(build, monkeypatch):
     """The text a notebook prints is the command that runs: its environment, subcommand and flags."""
     from helpers import paths
 
-    text = launching.swift_text(
+    text = swiftcli.swift_text(
         "sft",
         [
             "--model",
@@ -324,15 +324,15 @@ def test_a_shown_swift_command_is_run_exactly_as_written(build, monkeypatch):
     )
     assert text.splitlines()[0] == "LOG_LEVEL=WARNING NPROC_PER_NODE=2 swift sft \\"
     assert "--model build/models/m" in text and str(paths.ROOT) not in text  # typed at the repository root
-    env, sub, args = launching.parse_swift_text(text)
+    env, sub, args = swiftcli.parse_swift_text(text)
     assert (env, sub) == ({"LOG_LEVEL": "WARNING", "NPROC_PER_NODE": "2"}, "sft")
     assert args == ["--model", "build/models/m", "--model_author", "并行训练营", "Parallel Training Camp"]
     ran = []
     monkeypatch.setattr(launching, "run", lambda launch, show=True: ran.append(launch) or [None])
-    launching.swift_shell(text, timeout=5)
+    swiftcli.swift_shell(text, timeout=5)
     [launch] = ran
     assert launch.argv == ["swift", "sft", *args] and launch.cwd == paths.ROOT
     assert launch.extra_env["LOG_LEVEL"] == "WARNING" and launch.extra_env["NPROC_PER_NODE"] == "2"
     assert launch.shown_as.startswith("▶ swift sft: the command above, with MASTER_PORT=")
     with pytest.raises(launching.CourseError, match="is not a swift command"):
-        launching.parse_swift_text("python train.py --x 1")
+        swiftcli.parse_swift_text("python train.py --x 1")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import compare, launching, paths, training
+from helpers import checkpoints, compare, launching, paths, sampling, swiftcli, training
 from helpers.errors import CourseError
 from helpers.parallelism import count_parameters
 
@@ -29,8 +29,8 @@ def test_toy_data_and_model_are_deterministic_and_leave_the_global_rng_alone():
     torch.manual_seed(123)
     m1, m2 = training.toy_model(32), training.toy_model(32)
     assert torch.equal(torch.rand(3), expected), "building a toy model must not consume the global RNG"
-    assert training.bit_equal(m1.state_dict(), m2.state_dict())
-    assert not training.bit_equal(m1.state_dict(), training.toy_model(32, seed=1).state_dict())
+    assert checkpoints.bit_equal(m1.state_dict(), m2.state_dict())
+    assert not checkpoints.bit_equal(m1.state_dict(), training.toy_model(32, seed=1).state_dict())
     assert count_parameters(m1) == 32 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
 
 
@@ -38,29 +38,29 @@ def test_toy_data_and_model_are_deterministic_and_leave_the_global_rng_alone():
 
 
 def test_sampler_shards_are_disjoint_and_set_epoch_reshuffles():
-    with_epoch = training.sampler_indices(40, 2, epochs=3, set_epoch=True)
-    without = training.sampler_indices(40, 2, epochs=3, set_epoch=False)
-    assert all(training.disjoint_cover(ranks, 40) for ranks in with_epoch)
-    assert not training.every_epoch_identical(with_epoch)
-    assert training.every_epoch_identical(without)
+    with_epoch = sampling.sampler_indices(40, 2, epochs=3, set_epoch=True)
+    without = sampling.sampler_indices(40, 2, epochs=3, set_epoch=False)
+    assert all(sampling.disjoint_cover(ranks, 40) for ranks in with_epoch)
+    assert not sampling.every_epoch_identical(with_epoch)
+    assert sampling.every_epoch_identical(without)
     assert with_epoch[0] == without[0], "epoch 0 is the same either way"
-    table = training.sample_table(with_epoch, show=4)
+    table = sampling.sample_table(with_epoch, show=4)
     assert [row["epoch"] for row in table] == [0, 1, 2] and table[0]["rank 1"].endswith("…")
 
 
 def test_sampler_pads_uneven_data_with_repeats():
-    shards = training.sampler_indices(1000, 3, epochs=1)[0]
+    shards = sampling.sampler_indices(1000, 3, epochs=1)[0]
     assert [len(s) for s in shards] == [334, 334, 334]
     flat = [i for s in shards for i in s]
     assert set(flat) == set(range(1000)) and len(flat) - len(set(flat)) == 2
-    assert not training.disjoint_cover(shards, 1000)
+    assert not sampling.disjoint_cover(shards, 1000)
 
 
 def test_resume_point():
-    assert training.resume_point(0, 4, 2) == (0, 0)
-    assert training.resume_point(3, 4, 2) == (0, 6)
-    assert training.resume_point(4, 4, 2) == (1, 0)
-    assert training.resume_point(9, 4, 3) == (2, 3)
+    assert checkpoints.resume_point(0, 4, 2) == (0, 0)
+    assert checkpoints.resume_point(3, 4, 2) == (0, 6)
+    assert checkpoints.resume_point(4, 4, 2) == (1, 0)
+    assert checkpoints.resume_point(9, 4, 3) == (2, 3)
 
 
 def test_knob_checks_stop_with_one_sentence():
@@ -86,31 +86,31 @@ def test_knob_checks_stop_with_one_sentence():
 
 def test_atomic_save_replaces_the_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "latest.pt"
-    training.atomic_save({"step": 1, "w": torch.ones(3)}, path)
-    training.atomic_save({"step": 2, "w": torch.zeros(3)}, path)
-    assert training.load_checkpoint(path)["step"] == 2
-    assert training.partial_files(tmp_path) == []
-    assert training.load_checkpoint(tmp_path / "missing.pt") is None
-    assert training.try_load(path) == (True, "step 2")
+    checkpoints.atomic_save({"step": 1, "w": torch.ones(3)}, path)
+    checkpoints.atomic_save({"step": 2, "w": torch.zeros(3)}, path)
+    assert checkpoints.load_checkpoint(path)["step"] == 2
+    assert checkpoints.partial_files(tmp_path) == []
+    assert checkpoints.load_checkpoint(tmp_path / "missing.pt") is None
+    assert checkpoints.try_load(path) == (True, "step 2")
 
 
 WRITER = textwrap.dedent(
     """
     import sys, torch
     from pathlib import Path
-    from helpers import training
+    from helpers import checkpoints, sampling, swiftcli, training
 
     folder, mode = Path(sys.argv[1]), sys.argv[2]
     big = {"step": 2, "w": torch.randn(1_000_000)}  # about 4 MB
     if mode == "atomic":  # dies halfway through an atomic write
-        training.atomic_save(big, folder / "latest.pt", wrap=lambda f: training.KillAfterBytes(f, 2_000_000))
+        checkpoints.atomic_save(big, folder / "latest.pt", wrap=lambda f: checkpoints.KillAfterBytes(f, 2_000_000))
     elif mode == "plain":  # dies halfway through a plain torch.save over the only checkpoint
         with open(folder / "latest.pt", "wb") as f:
-            torch.save(big, training.KillAfterBytes(f, 2_000_000))
+            torch.save(big, checkpoints.KillAfterBytes(f, 2_000_000))
     else:  # saves again and again until it is killed from outside
         step = 2
         while True:
-            training.atomic_save({"step": step, "w": torch.full((1_000_000,), float(step))}, folder / "latest.pt")
+            checkpoints.atomic_save({"step": step, "w": torch.full((1_000_000,), float(step))}, folder / "latest.pt")
             step += 1
     """
 )
@@ -123,20 +123,20 @@ def _writer(tmp_path, mode):
 
 
 def test_a_kill_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path):
-    training.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
+    checkpoints.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
     proc = _writer(tmp_path, "atomic")
     assert proc.wait(timeout=120) == -signal.SIGKILL
-    partial = training.partial_files(tmp_path)
+    partial = checkpoints.partial_files(tmp_path)
     assert len(partial) == 1 and partial[0].stat().st_size == 2_000_000
-    assert training.try_load(partial[0])[0] is False
-    assert training.load_checkpoint(tmp_path / "latest.pt")["step"] == 1
+    assert checkpoints.try_load(partial[0])[0] is False
+    assert checkpoints.load_checkpoint(tmp_path / "latest.pt")["step"] == 1
 
 
 def test_a_kill_mid_plain_save_destroys_the_only_checkpoint(tmp_path):
-    training.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
+    checkpoints.atomic_save({"step": 1, "w": torch.zeros(10)}, tmp_path / "latest.pt")
     proc = _writer(tmp_path, "plain")
     assert proc.wait(timeout=120) == -signal.SIGKILL
-    ok, why = training.try_load(tmp_path / "latest.pt")
+    ok, why = checkpoints.try_load(tmp_path / "latest.pt")
     assert not ok and why, "a half-written plain torch.save must not load"
 
 
@@ -144,7 +144,7 @@ def test_sigkill_from_outside_during_repeated_saves_never_breaks_latest(tmp_path
     proc = _writer(tmp_path, "loop")
     try:
         deadline = time.monotonic() + 120
-        while not (tmp_path / "latest.pt").exists() or not training.partial_files(tmp_path):
+        while not (tmp_path / "latest.pt").exists() or not checkpoints.partial_files(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.001)
         os.kill(proc.pid, signal.SIGKILL)  # a temporary file exists: most likely mid-write
@@ -152,7 +152,7 @@ def test_sigkill_from_outside_during_repeated_saves_never_breaks_latest(tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
-    state = training.load_checkpoint(tmp_path / "latest.pt")
+    state = checkpoints.load_checkpoint(tmp_path / "latest.pt")
     assert state["step"] >= 2 and torch.all(state["w"] == float(state["step"]))
 
 
@@ -214,7 +214,7 @@ def test_threaded_dataparallel_step_matches_a_plain_step():
 
 
 def test_event_log_and_fault_story(tmp_path):
-    log = training.EventLog(tmp_path / "events.jsonl")
+    log = checkpoints.EventLog(tmp_path / "events.jsonl")
     for event in (
         dict(event="start", attempt=0, step=0),
         dict(event="step", attempt=0, step=1, loss=2.0),
@@ -224,10 +224,10 @@ def test_event_log_and_fault_story(tmp_path):
         dict(event="done", attempt=1, step=3),
     ):
         log.write(**event)
-    training.EventLog(tmp_path / "events.jsonl", enabled=False).write(event="step", attempt=9, step=9)
-    events = training.read_events(tmp_path / "events.jsonl")
+    checkpoints.EventLog(tmp_path / "events.jsonl", enabled=False).write(event="step", attempt=9, step=9)
+    events = checkpoints.read_events(tmp_path / "events.jsonl")
     assert len(events) == 6
-    first, second = training.fault_story(events)
+    first, second = checkpoints.fault_story(events)
     assert first["saved"] == [1] and "SIGKILL" in first["ended"] and first["last step"] == 1
     assert second["started at step"] == 1 and second["ended"] == "finished"
 
@@ -235,7 +235,7 @@ def test_event_log_and_fault_story(tmp_path):
 def test_comparisons_and_throughput():
     a = {"w": torch.tensor([1.0, 2.0])}
     b = {"w": torch.tensor([1.0, 2.5])}
-    assert training.bit_equal(a, a) and not training.bit_equal(a, b)
+    assert checkpoints.bit_equal(a, a) and not checkpoints.bit_equal(a, b)
     assert compare.largest_difference(a, b) == 0.5
     assert training.slowest_rank_steps([[1, 4], [2, 3]]) == [2, 4]
     assert training.samples_per_second([0.5, 1.0, 2.0], 10, 2) == 20.0
@@ -243,7 +243,7 @@ def test_comparisons_and_throughput():
 
 
 def test_swift_reads_the_five_launch_variables():
-    assert set(training.swift_launch_env()) == {
+    assert set(swiftcli.swift_launch_env()) == {
         "NNODES",
         "NODE_RANK",
         "MASTER_ADDR",

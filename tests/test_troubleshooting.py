@@ -103,7 +103,7 @@ def test_grep_source_reads_the_installed_swift():
 
 def test_python_script_returns_the_saved_result(build, tmp_path):
     script = tmp_path / "hello.py"
-    script.write_text("from helpers.launching import save_result\nprint('hi')\nsave_result({'answer': 42})\n")
+    script.write_text("from helpers.worker import save_result\nprint('hi')\nsave_result({'answer': 42})\n")
     result = troubleshooting.python_script(script, timeout=60, show=False)
     assert result.returncode == 0
     assert result.results == [{"answer": 42}]
@@ -113,7 +113,7 @@ def test_python_script_returns_the_saved_result(build, tmp_path):
 def test_prepared_scripts_run_side_by_side_each_with_its_own_result(build, tmp_path):
     script = tmp_path / "echo_arg.py"
     script.write_text(
-        "import sys, time\nfrom helpers.launching import save_result\n"
+        "import sys, time\nfrom helpers.worker import save_result\n"
         "start = time.time()\ntime.sleep(2)\nsave_result({'arg': sys.argv[1], 'span': [start, time.time()]})\n"
     )
     runs = launching.run(

@@ -22,16 +22,20 @@ import math
 import numbers
 import os
 import pkgutil
+import queue
 import sys
+import time
 import traceback
 from collections.abc import Callable
+
+from helpers.errors import CourseError
 
 _CHECKERS: dict[str, Callable] = {}
 
 
 class NotAnswered(Exception):
     """Raised by a checker that finds the learner's function still returning None (its body is ``...``)
-    where it cannot be watched from here, e.g. on ranks forked by ``ddp.on_ranks``."""
+    where it cannot be watched from here, e.g. on ranks forked by ``exercises.on_ranks``."""
 
 
 class Wrong(Exception):
@@ -260,3 +264,76 @@ def tensors_close(got, want, rel: float = 1e-5) -> bool:
     got, want = got.detach().double(), want.detach().double()
     scale = max(float(want.abs().max()) if want.numel() else 0.0, 1e-12)
     return bool(torch.isfinite(got).all()) and bool(((got - want).abs() <= rel * scale).all())
+
+
+def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
+    """Run ``fn(rank, world)`` on ``world`` ranks of a gloo process group and return each rank's result.
+
+    For exercises: the ranks are processes *forked* from this one, so a function written in a notebook
+    cell runs on real ranks without being saved to a file first. A failure on any rank stops all of them
+    and comes back as one sentence naming the rank; so does a rank still waiting after ``timeout`` seconds.
+    """
+    import multiprocessing
+    from datetime import timedelta
+
+    from helpers.launching import free_port
+
+    context = multiprocessing.get_context("fork")
+    results, port = context.Queue(), free_port()
+
+    def rank_main(rank):
+        try:
+            import torch
+            import torch.distributed as dist
+
+            torch.set_num_threads(1)  # the fork copies no thread pool: stay single-threaded in the child
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                timeout=timedelta(seconds=timeout),
+            )  # fmt: skip
+            try:
+                results.put((rank, True, fn(rank, world)))
+            finally:
+                dist.destroy_process_group()
+        except NotAnswered as none:
+            results.put((rank, None, str(none)))
+        except Wrong as wrong:  # the checker's own verdict on this rank, already one sentence
+            results.put((rank, "wrong", str(wrong)))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it was
+            frames = traceback.extract_tb(exc.__traceback__)
+            mine = [f for f in frames if "site-packages" not in f.filename and "/helpers/" not in f.filename]
+            where = (mine or frames)[-1]  # the deepest line of the learner's own code, when there is one
+            results.put((rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})"))
+        finally:
+            results.close()
+            results.join_thread()  # the result is in the pipe before the process ends
+            os._exit(0)  # leave at once: the kernel's exit handlers belong to the parent
+
+    ranks = [context.Process(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    for process in ranks:
+        process.start()
+    found, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(found) < world:
+            try:
+                rank, ok, value = results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise CourseError(
+                        f"the {world} ranks did not all finish within {timeout:g} s: is one rank waiting in a "
+                        "collective that another never calls?"
+                    ) from None
+                continue
+            if ok is None:
+                raise NotAnswered(value)
+            if ok == "wrong":
+                raise Wrong(value)
+            if not ok:
+                raise CourseError(f"rank {rank} failed: {value}")
+            found[rank] = value
+    finally:
+        for process in ranks:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+    return [found[r] for r in range(world)]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import random
 
-from helpers.ddp import ANATOMY_WIDTHS, MiB, expected_buckets, link_finish_times, make_batch, mlp, on_ranks
+from helpers.bucketing import ANATOMY_WIDTHS, MiB, expected_buckets
+from helpers.comm_hooks import link_finish_times, make_batch
 from helpers.errors import CourseError
-from helpers.exercises import NotAnswered, Wrong, call, checker, close, items, number, shown
+from helpers.exercises import NotAnswered, Wrong, call, checker, close, items, number, on_ranks, shown
+from helpers.toys import mlp
 
 
 def _forbidden(name: str, instead: str):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from helpers import ddp
+from helpers import exercises
+from helpers.checkpoints import resume_point
 from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, Wrong, call, checker, integer, items, shown
-from helpers.training import CLASSES, FEATURES, allreduce_bytes, resume_point, toy_model
+from helpers.training import CLASSES, FEATURES, allreduce_bytes, toy_model
 
 
 @checker("04.1")
@@ -142,7 +143,7 @@ def _accumulation_step(fn):
         }
 
     try:
-        results = ddp.on_ranks(rank_part, 2, timeout=30)
+        results = exercises.on_ranks(rank_part, 2, timeout=30)
     except CourseError as error:
         return False, str(error)
     first = results[0]

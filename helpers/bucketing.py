@@ -1,0 +1,109 @@
+"""DDP's Reducer buckets: how torch packs gradients into buckets, read back from a real DDP model, and shown."""
+
+from __future__ import annotations
+
+MiB = 2**20  # DDP's bucket_cap_mb counts in these units
+
+# a model with layers of clearly different sizes, small enough to read its buckets one by one
+ANATOMY_WIDTHS = (256, 1024, 512, 512, 128, 10)
+
+
+def timing_widths(width: int, depth: int) -> list[int]:
+    """The timing model: a wide input layer, ``depth`` square layers, a narrowing head."""
+    return [width // 2, 2 * width] + [width] * depth + [width // 4, 10]
+
+
+def expected_buckets(sizes, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
+    """DDP's packing rule, for parameter byte sizes listed in the order their gradients become ready.
+
+    Parameters go into the current bucket in that order; a bucket closes as soon as it holds at least
+    its cap (the first bucket may have its own, smaller cap). Returns the indices in each bucket.
+    """
+    buckets, current, filled = [], [], 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        filled += size
+        cap = first_cap_bytes if (first_cap_bytes is not None and not buckets) else cap_bytes
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def parse_index_groups(text: str) -> list[list[int]]:
+    """DDP's logging data writes bucket contents as ``"7 6 5, 4 3"``; this gives [[7, 6, 5], [4, 3]]."""
+    return [[int(i) for i in group.split()] for group in text.split(",") if group.strip()]
+
+
+def ddp_buckets(net) -> dict:
+    """What DDP itself says about its buckets (from ``net._get_ddp_logging_data()``)."""
+    data = net._get_ddp_logging_data()
+    rebuilt = data.get("rebuilt_per_bucket_param_indices", "")
+    return {
+        "rebuilt": bool(data.get("has_rebuilt_buckets")),
+        "bucket_cap_bytes": int(data.get("bucket_cap_bytes", 0)),
+        "param_indices": parse_index_groups(rebuilt) if rebuilt else [],
+        "bucket_bytes": [int(s) for s in str(data.get("rebuilt_bucket_sizes", "")).split(",") if s.strip()],
+        "grad_ready_order": [
+            int(i)
+            for i in str(data.get("prev_iteration_grad_ready_order_indices", "")).replace(",", " ").split()
+        ],
+        "total_parameter_bytes": int(data.get("total_parameter_size_bytes", 0)),
+    }
+
+
+def bucket_summary(log) -> list[dict]:
+    """What a logging comm hook saw in one backward: bucket index, parameter names, bytes."""
+    return [
+        {k: r[k] for k in ("bucket", "params", "bytes")}
+        for r in sorted(log.records, key=lambda r: r["bucket"])
+    ]
+
+
+def predict_buckets(sizes: list[int], ready_order: list[int], cap_bytes: int) -> list[list[int]]:
+    """Parameter indices per bucket that :func:`expected_buckets` predicts, given the ready order."""
+    packed = expected_buckets([sizes[i] for i in ready_order], cap_bytes)
+    return [[ready_order[i] for i in bucket] for bucket in packed]
+
+
+def layouts(found: dict, sizes: dict) -> dict:
+    """Bucket contents as ``{row label: [[(name, bytes), ...] per bucket]}`` for ``plots.bucket_map``."""
+    rows = {}
+    first = next(iter(found.values()))["first"]
+    rows[f"first step, any cap ({len(first)} bucket{'s' * (len(first) > 1)})"] = [
+        [(n, sizes[n]) for n in b["params"]] for b in first
+    ]
+    for cap, entry in found.items():
+        later = entry["later"]
+        rows[f"bucket_cap_mb={float(cap):g} ({len(later)} bucket{'s' * (len(later) > 1)})"] = [
+            [(n, sizes[n]) for n in b["params"]] for b in later
+        ]
+    return rows
+
+
+def bucket_rows(records: list[dict], sizes: dict[str, int]) -> list[dict]:
+    """A table of what the comm hook saw: one row per bucket, in the order the hook was called."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["bucket"]):
+        names = r["params"]
+        rows.append(
+            {
+                "bucket": r["bucket"],
+                "parameters (in bucket order)": ", ".join(names),
+                "tensors": len(names),
+                "MiB": round(r["bytes"] / MiB, 3),
+                "params' own bytes": sum(sizes[n] for n in names),
+            }
+        )
+    return rows
+
+
+def plot_buckets(found: dict, sizes: dict):
+    """The buckets the comm hook saw, one row per bucket_cap_mb, the first step on top."""
+    from helpers import plots
+
+    fig = plots.bucket_map(layouts(found, sizes), title="DDP's buckets, read from the comm hook (measured)")
+    fig.axes[0].set_xlabel("gradient bytes (MiB), in bucket order: bucket 0 first")
+    return fig
