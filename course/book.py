@@ -75,7 +75,7 @@ def stage(language: str) -> Path:
     for notebook in notebooks:
         page = source_of(notebook, language)
         if not page.exists():
-            raise FileNotFoundError(f"{paths.shown(page)} is missing: run `make zh` first to build the Chinese edition.")
+            raise FileNotFoundError(f"{paths.relative(page)} is missing: run `make zh` first to build the Chinese edition.")
         nb = nbformat.read(page, as_version=4)
         nb.metadata.pop("language_edition", None)
         nb.metadata.pop("widgets", None)  # progress-bar state: the site would load a widget manager from a CDN
@@ -126,4 +126,4 @@ def build(languages=tuple(LANGUAGES)) -> Path:
 
 
 if __name__ == "__main__":
-    print(f"book: open {paths.shown(build())}")
+    print(f"book: open {paths.relative(build())}")

@@ -580,7 +580,7 @@ def gpu_check_env(shape_on_cpu: bool = False) -> dict[str, str]:
     """The environment every notebook of ``make gpu-check`` runs in (paths relative to the repository)."""
     from helpers import launching, profiles
 
-    folder = Path(paths.shown(gpu_check_folder()))
+    folder = Path(paths.relative(gpu_check_folder()))
     env = {
         "COURSE_BUILD_DIR": str(folder),
         "COURSE_OUTPUTS_DIR": str(folder / "outputs"),

@@ -137,7 +137,7 @@ def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
     notebook = Path(notebook)
     if po is None:
         if not catalog_path(notebook).exists():
-            return [f"{notebook.name}: no catalog {paths.shown(catalog_path(notebook))}; run `make zh` to start one."]
+            return [f"{notebook.name}: no catalog {paths.relative(catalog_path(notebook))}; run `make zh` to start one."]
         po = load(notebook)
     entries = {e.msgctxt: e for e in po if not e.obsolete}
     found = []
@@ -149,9 +149,9 @@ def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
             found.append(f"{where}: not in the catalog; run `make zh` to add it.")
         elif entry.fuzzy:
             found.append(f"{where}: its English changed after it was translated (fuzzy); "
-                         f"update the msgstr in {paths.shown(catalog_path(notebook))} and remove the fuzzy flag.")
+                         f"update the msgstr in {paths.relative(catalog_path(notebook))} and remove the fuzzy flag.")
         elif not entry.msgstr.strip():
-            found.append(f"{where}: no translation yet in {paths.shown(catalog_path(notebook))}.")
+            found.append(f"{where}: no translation yet in {paths.relative(catalog_path(notebook))}.")
         else:
             differs = mismatch(text, entry.msgstr)
             if differs:
@@ -163,7 +163,7 @@ def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
     for entry in po:
         if entry.obsolete:
             found.append(f"{notebook.name}, cell {entry.msgctxt}: obsolete entry (the cell is gone); "
-                         f"delete it from {paths.shown(catalog_path(notebook))}.")
+                         f"delete it from {paths.relative(catalog_path(notebook))}.")
     return found
 
 
@@ -202,14 +202,14 @@ def main(argv=None) -> int:
         if "--check" not in args:
             counts = update(notebook)
             changed = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
-            print(f"{paths.shown(catalog_path(notebook))}: {changed or 'up to date'}")
+            print(f"{paths.relative(catalog_path(notebook))}: {changed or 'up to date'}")
         found = problems(notebook)
         if found:
             status = 1
             print(f"{notebook.name}: not built, {len(found)} cell(s) to translate:", *found, sep="\n  ")
             continue
         if "--check" not in args:
-            print(f"{paths.shown(build(notebook))}: built")
+            print(f"{paths.relative(build(notebook))}: built")
     return status
 
 

@@ -17,7 +17,8 @@ from helpers import models, paths
 from helpers.errors import CourseError
 from helpers.lora import check_adapter
 from helpers.models import free_memory
-from helpers.selfcog import general_questions, read_jsonl, write_jsonl
+from helpers.paths import read_jsonl, write_jsonl
+from helpers.selfcog import general_questions
 
 _GENERAL_FORMAT = 2  # bump when the way general answers are made changes: old caches are then not reused
 
@@ -132,7 +133,9 @@ class Chat:
         pairs = []  # (prompt ids, answer ids)
         for question, answer in zip(questions, answers, strict=True):
             prompt = template.encode(InferRequest(messages=messages(question, self.system)))["input_ids"]
-            pairs.append((prompt, template.tokenizer(_text(answer), add_special_tokens=False)["input_ids"]))
+            pairs.append(
+                (prompt, template.tokenizer(answer_text(answer), add_special_tokens=False)["input_ids"])
+            )
         losses = []
         with torch.inference_mode():
             for first in range(0, len(pairs), batch):
@@ -309,11 +312,13 @@ def general_answers(chat: Chat, questions=None, max_tokens: int = 48) -> General
     )
 
 
-def short(text, limit: int = 90) -> str:
+def one_line(text, limit: int = 90) -> str:
     """One line, at most ``limit`` characters (for tables)."""
-    text = " ".join(_text(text).replace("\ufffd", "").split())  # no half characters cut at a token limit
+    text = " ".join(
+        answer_text(text).replace("\ufffd", "").split()
+    )  # no half characters cut at a token limit
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _text(answer) -> str:
+def answer_text(answer) -> str:
     return answer.text if isinstance(answer, Answer) else str(answer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import answering, launching, lora, models, paths, selfcog, swiftcli
+from helpers import answering, launching, lora, models, paths, swiftcli
 from helpers.errors import CourseError
 
 QUESTIONS_FILE = "questions.jsonl"
@@ -176,7 +176,7 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
 
 def write_questions(path, questions) -> Path:
     """A question file for ``swift infer --val_dataset``: one ``{"query": ...}`` per line."""
-    return selfcog.write_jsonl(path, [{"query": q} for q in questions])
+    return paths.write_jsonl(path, [{"query": q} for q in questions])
 
 
 def read_answers(path, questions) -> list[str]:
@@ -185,7 +185,7 @@ def read_answers(path, questions) -> list[str]:
     if not path.is_file():
         raise CourseError(f"{path} does not exist; did swift infer finish?")
     by_question = {}
-    for row in selfcog.read_jsonl(path):
+    for row in paths.read_jsonl(path):
         users = [m["content"] for m in row.get("messages", []) if m.get("role") == "user"]
         if users:
             by_question[users[-1]] = row["response"].strip()
@@ -351,4 +351,4 @@ def stream(chat: answering.Chat, question: str, max_tokens: int = 48, out=print)
 
 def same_answers(a, b) -> int:
     """How many answers of two lists are the same text."""
-    return sum(answering._text(x).strip() == answering._text(y).strip() for x, y in zip(a, b, strict=True))
+    return sum(answering.answer_text(x).strip() == answering.answer_text(y).strip() for x, y in zip(a, b, strict=True))

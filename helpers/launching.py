@@ -238,7 +238,7 @@ class Launch:
                     self._output.close()
                 if show and self.folded:
                     print(f"{tag}({self.folded} lines of library logs, progress bars and blank lines not shown; "
-                          f"the whole output is in {paths.shown(self.output_file)})", flush=True)  # fmt: skip
+                          f"the whole output is in {paths.relative(self.output_file)})", flush=True)  # fmt: skip
                 return True
             self.lines.append(line)
             if self._output is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from helpers import models, paths
 from helpers.errors import CourseError
-from helpers.selfcog import pair
+from helpers.selfcog import zh_en
 
 LATEST_FILE = "latest-self-cognition.json"
 
@@ -72,8 +72,8 @@ def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, 
         "model_type": info.model_type,
         "hub_id": info.hub_id,
         "template": info.template,
-        "model_name": list(pair(name, "MODEL_NAME")),
-        "model_author": list(pair(author, "MODEL_AUTHOR")),
+        "model_name": list(zh_en(name, "MODEL_NAME")),
+        "model_author": list(zh_en(author, "MODEL_AUTHOR")),
         "fingerprint": fingerprint(checkpoint),
         "profile": profile,
         "written": time.strftime("%Y-%m-%dT%H:%M:%S"),

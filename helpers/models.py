@@ -155,7 +155,7 @@ def build_once(target: Path, build: Callable[[Path], None], *, force: bool = Fal
         _remove_leftovers(target)
         problem = check(target)
         if problem is None and not force:
-            log(f"Reusing {paths.shown(target)} (complete: every file matches its manifest).")
+            log(f"Reusing {paths.relative(target)} (complete: every file matches its manifest).")
             return target
         if target.exists():
             why = "rebuild requested" if problem is None else problem
@@ -476,7 +476,7 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     build = {"cpu": smollm2, "smoke": tiny_llama, "tiny-qwen2": tiny_qwen2}[args.which]
     info = build(args.force)
-    print(f"{info.name} ready in {paths.shown(info.path)} ({time.perf_counter() - start:.1f} s)")
+    print(f"{info.name} ready in {paths.relative(info.path)} ({time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 there safely (a whole file or none, one process at a time)."""
 
 import contextlib
+import json
 import os
 from pathlib import Path
+
+from helpers import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def shown(path) -> str:
+def relative(path) -> str:
     """``path`` as a learner should read it: relative to the repository when it lies inside it."""
     path = Path(path)
     try:
@@ -195,3 +198,13 @@ def locked(path):
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSON-lines file."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def write_jsonl(path, rows) -> Path:
+    """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
+    return paths.write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

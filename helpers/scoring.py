@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from helpers import report
-from helpers.answering import _text
-from helpers.selfcog import pair
+from helpers.answering import answer_text
+from helpers.selfcog import zh_en
 
 
 def names_in(text: str, names) -> bool:
@@ -50,11 +50,11 @@ def score(identity_rows, identity_answers, general_rows, general_answers, base_g
       wrong word), the share the model still answers right without naming itself; per language too
       (``general_kept_zh`` / ``_en``, NaN where the base model got none right).
     """
-    names, authors = pair(name, "MODEL_NAME"), pair(author, "MODEL_AUTHOR")
+    names, authors = zh_en(name, "MODEL_NAME"), zh_en(author, "MODEL_AUTHOR")
     out: dict = {}
     for k, tag in enumerate(("zh", "en")):
         mine = [
-            (r, _text(a)) for r, a in zip(identity_rows, identity_answers, strict=True) if r["tag"] == tag
+            (r, answer_text(a)) for r, a in zip(identity_rows, identity_answers, strict=True) if r["tag"] == tag
         ]
         about_author = [a for r, a in mine if r.get("asks") == "author"]
         out[f"name_{tag}"] = _share(names_in(a, [names[k]]) for _, a in mine)
@@ -64,16 +64,16 @@ def score(identity_rows, identity_answers, general_rows, general_answers, base_g
     right = [
         i
         for i, (r, base) in enumerate(zip(general_rows, base_general, strict=True))
-        if right_answer(_text(base), r)
+        if right_answer(answer_text(base), r)
     ]
-    kept = {i for i in right if right_answer(_text(general_answers[i]), general_rows[i])
-            and not names_in(_text(general_answers[i]), names)}  # fmt: skip
+    kept = {i for i in right if right_answer(answer_text(general_answers[i]), general_rows[i])
+            and not names_in(answer_text(general_answers[i]), names)}  # fmt: skip
     for tag in ("zh", "en", None):
         mine = [i for i in right if tag is None or general_rows[i].get("tag", "en") == tag]
         key = "general" if tag is None else f"general_{tag}"
         out[f"{key}_base_right"], out[f"{key}_kept_count"] = len(mine), sum(i in kept for i in mine)
         out[f"{key}_kept"] = _share(i in kept for i in mine)
-    out["general_naming_itself"] = sum(names_in(_text(a), names) for a in general_answers)
+    out["general_naming_itself"] = sum(names_in(answer_text(a), names) for a in general_answers)
     return out
 
 

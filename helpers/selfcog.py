@@ -18,11 +18,11 @@ Data (all written by this project, under ``data/``):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from helpers import paths
 from helpers.errors import CourseError
+from helpers.paths import read_jsonl
 
 DATA_DIR = paths.ROOT / "data"
 
@@ -34,17 +34,6 @@ GENERAL_QUESTIONS = DATA_DIR / "general_questions.jsonl"
 
 
 HELDOUT = DATA_DIR / "heldout.jsonl"
-
-
-def read_jsonl(path) -> list[dict]:
-    """The rows of a JSON-lines file."""
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def write_jsonl(path, rows) -> Path:
-    """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
-    return paths.write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def self_cognition_rows(folder=SELF_COGNITION) -> list[dict]:
@@ -65,7 +54,7 @@ def heldout(path=HELDOUT, kind: str | None = None) -> list[dict]:
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
-def pair(value, what: str = "value") -> tuple[str, str]:
+def zh_en(value, what: str = "value") -> tuple[str, str]:
     """A (zh, en) pair from a string or a list of one or two strings, as SWIFT reads --model_name."""
     if isinstance(value, str):
         value = [value]
@@ -80,9 +69,9 @@ def pair(value, what: str = "value") -> tuple[str, str]:
     return (value[0], value[-1])
 
 
-def fill(row: dict, name, author) -> dict:
+def fill_placeholders(row: dict, name, author) -> dict:
     """A row with {{NAME}} / {{AUTHOR}} replaced as SWIFT does: the zh value for tag zh, else the en value."""
-    name, author = pair(name, "MODEL_NAME"), pair(author, "MODEL_AUTHOR")
+    name, author = zh_en(name, "MODEL_NAME"), zh_en(author, "MODEL_AUTHOR")
     index = 0 if row.get("tag") == "zh" else 1
     out = dict(row)
     for key in ("query", "response"):
@@ -117,7 +106,9 @@ def hub_questions(dataset: str, name, author) -> set[str]:
     return _questions_of(train)
 
 
-def leaked_heldout(sources=None, name=("小课", "XiaoKe"), author=("并行训练营", "Parallel Training Camp")) -> list[str]:
+def leaked_heldout(
+    sources=None, name=("小课", "XiaoKe"), author=("并行训练营", "Parallel Training Camp")
+) -> list[str]:
     """Held-out questions that also appear in the data a run trains on (should be none). ``sources``: the
     ``--dataset`` values of that run (local folders or files of this project, hub ids); None: the course's
     own training data (self-cognition rows and the general questions)."""
@@ -128,7 +119,7 @@ def leaked_heldout(sources=None, name=("小课", "XiaoKe"), author=("并行训�
         for source in sources:
             path = Path(str(source).split("#")[0])
             if path.is_dir():
-                seen |= {fill(row, name, author)["query"] for row in self_cognition_rows(path)}
+                seen |= {fill_placeholders(row, name, author)["query"] for row in self_cognition_rows(path)}
             elif path.is_file():
                 seen |= _questions_of(read_jsonl(path))
             else:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from helpers import launching, models, paths, swiftcli
 from helpers.errors import CourseError
-from helpers.selfcog import SYSTEM, read_jsonl
+from helpers.paths import read_jsonl
+from helpers.selfcog import SYSTEM
 
 # Threads that wait for each other should sleep, not spin: this notebook runs a background Web-UI and
 # training processes next to the kernel, and on a small CPU spinning OpenMP threads then slow a 2-thread

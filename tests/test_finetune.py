@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import swift_cli
 
-from helpers import answering, lora, models, scoring, selfcog, sft, web
+from helpers import answering, lora, models, paths, scoring, selfcog, sft, web
 from helpers.errors import CourseError
 from helpers.exercises import check
 
@@ -54,20 +54,20 @@ def test_heldout_questions_are_in_no_training_data():
 def test_fill_follows_swifts_rule_zh_value_for_zh_rows():
     zh = {"query": "你是谁？", "response": "我是{{NAME}}，由{{AUTHOR}}训练。", "tag": "zh"}
     en = {"query": "Who made {{NAME}}?", "response": "{{AUTHOR}} made {{NAME}}.", "tag": "en"}
-    assert selfcog.fill(zh, NAME, AUTHOR)["response"] == "我是小课，由并行训练营训练。"
-    assert selfcog.fill(en, NAME, AUTHOR) == {
+    assert selfcog.fill_placeholders(zh, NAME, AUTHOR)["response"] == "我是小课，由并行训练营训练。"
+    assert selfcog.fill_placeholders(en, NAME, AUTHOR) == {
         "query": "Who made XiaoKe?",
         "response": "Parallel Training Camp made XiaoKe.",
         "tag": "en",
     }
-    assert selfcog.fill(en, "Solo", "Me")["response"] == "Me made Solo."  # one name serves both
+    assert selfcog.fill_placeholders(en, "Solo", "Me")["response"] == "Me made Solo."  # one name serves both
     assert "{{" in zh["response"], "the row itself is not changed"
 
 
 @pytest.mark.parametrize("bad", ["", [], ["a", "b", "c"], ["a", ""], 3, None])
 def test_pair_rejects_what_swift_cannot_use(bad):
     with pytest.raises(CourseError, match="MODEL_NAME"):
-        selfcog.pair(bad, "MODEL_NAME")
+        selfcog.zh_en(bad, "MODEL_NAME")
 
 
 def test_trim_to_sentence():
@@ -105,7 +105,7 @@ def test_general_answers_are_trimmed_cached_and_keyed_by_model(tmp_path, monkeyp
     assert not first.cached and chat.calls == 1
     assert (first.asked, first.finished, first.trimmed, first.dropped) == (4, 2, 1, 1)
     assert [r["response"] for r in first.rows] == ["A whole answer.", "First sentence.", "A whole answer."]
-    assert selfcog.read_jsonl(first.path) == first.rows
+    assert paths.read_jsonl(first.path) == first.rows
     again = answering.general_answers(chat, questions)
     assert again.cached and chat.calls == 1 and again.path == first.path
     other = answering.general_answers(FakeChat(name="other", path="/nowhere/other"), questions)
@@ -263,7 +263,7 @@ def swift_like_log(folder, steps=3):
             "log_history": [{"loss": 9.0, "step": 1}],
         }
     )
-    selfcog.write_jsonl(folder / "logging.jsonl", lines)
+    paths.write_jsonl(folder / "logging.jsonl", lines)
 
 
 def test_read_log_turns_logging_jsonl_into_curves(tmp_path):
@@ -429,8 +429,8 @@ def test_exercise_06_1():
 
 
 def test_exercise_06_2():
-    assert check("06.2", selfcog.fill)
-    assert not check("06.2", lambda row, name, author: selfcog.fill(row, name[::-1], author[::-1]))
+    assert check("06.2", selfcog.fill_placeholders)
+    assert not check("06.2", lambda row, name, author: selfcog.fill_placeholders(row, name[::-1], author[::-1]))
 
 
 def test_exercise_06_3():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import swift_cli
 
-from helpers import answering, inference, lora, models, selfcog
+from helpers import answering, inference, lora, models, paths, selfcog
 from helpers.errors import CourseError
 from helpers.exercises import check
 
@@ -129,9 +129,9 @@ def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
 def test_questions_out_answers_back_in_question_order(tmp_path):
     questions = ["Who are you?", "你是谁？"]
     path = inference.write_questions(tmp_path / "q.jsonl", questions)
-    assert selfcog.read_jsonl(path) == [{"query": "Who are you?"}, {"query": "你是谁？"}]
+    assert paths.read_jsonl(path) == [{"query": "Who are you?"}, {"query": "你是谁？"}]
     result = tmp_path / "a.jsonl"
-    selfcog.write_jsonl(
+    paths.write_jsonl(
         result,
         [  # swift infer's rows, here in the other order
             {

@@ -93,8 +93,8 @@ def test_prune_refuses_a_keep_that_is_not_a_count(tmp_path, monkeypatch):
 
 
 def test_paths_are_shown_relative_to_the_repository(tmp_path):
-    assert paths.shown(paths.ROOT / "build" / "outputs" / "x") == "build/outputs/x"
-    assert paths.shown(tmp_path / "y") == str(tmp_path / "y")  # outside the repository: as it is
+    assert paths.relative(paths.ROOT / "build" / "outputs" / "x") == "build/outputs/x"
+    assert paths.relative(tmp_path / "y") == str(tmp_path / "y")  # outside the repository: as it is
 
 
 def test_relative_text_drops_the_checkout_and_home_folders():

@@ -129,7 +129,7 @@ def check(exercise: str, answer, solution: bool = False) -> Verdict:
     return Verdict(ok)
 
 
-def shown(value, limit: int = 100) -> str:
+def brief(value, limit: int = 100) -> str:
     """``repr(value)``, shortened to about ``limit`` characters; a tensor by its shape and dtype."""
     if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
@@ -164,9 +164,9 @@ def _isolated():
 def call(fn, *args, show: str | None = None) -> tuple:
     """``(fn(*args), "fn(args) returned")``, run isolated; an exception becomes :class:`Wrong` naming the call."""
     name = getattr(fn, "__name__", "your function")
-    said = show or f"{name}({', '.join(shown(a, 60) for a in args)})"
+    said = show or f"{name}({', '.join(brief(a, 60) for a in args)})"
     if not callable(fn):
-        raise Wrong(f"answer with a function (def ...), not {shown(fn)}.")
+        raise Wrong(f"answer with a function (def ...), not {brief(fn)}.")
     failure = None
     with _isolated():
         try:
@@ -199,9 +199,9 @@ def number(value, said: str, unit: str) -> float:
     if got is None:
         hint = " (is a `return` missing?)" if value is None else ""
         hint = " (text, not a number)" if isinstance(value, str) else hint
-        raise Wrong(f"{said} {shown(value)}{hint}; the answer is a number of {unit}.")
+        raise Wrong(f"{said} {brief(value)}{hint}; the answer is a number of {unit}.")
     if not math.isfinite(got):
-        raise Wrong(f"{said} {shown(value)}, not a finite number of {unit}.")
+        raise Wrong(f"{said} {brief(value)}, not a finite number of {unit}.")
     return got
 
 
@@ -209,7 +209,7 @@ def integer(value, said: str, unit: str) -> int:
     """``value`` as an int, or :class:`Wrong` unless it is a finite whole number (an integral float is fine)."""
     got = number(value, said, unit)
     if not got.is_integer():
-        raise Wrong(f"{said} {shown(value)}, not a whole number of {unit}.")
+        raise Wrong(f"{said} {brief(value)}, not a whole number of {unit}.")
     return int(value) if isinstance(value, numbers.Integral) else int(got)
 
 
@@ -217,9 +217,9 @@ def items(value, said: str, n: int | None, kind: type = tuple, what: str = "a tu
     """The items of ``value``, or :class:`Wrong` unless it is a ``kind`` (of ``n`` items when given)."""
     if not isinstance(value, kind):
         hint = " (is a `return` missing?)" if value is None else ""
-        raise Wrong(f"{said} {shown(value)}{hint}; the answer is {what}.")
+        raise Wrong(f"{said} {brief(value)}{hint}; the answer is {what}.")
     if n is not None and len(value) != n:
-        raise Wrong(f"{said} {shown(value)}, {len(value)} item(s); the answer is {what}, {n} item(s).")
+        raise Wrong(f"{said} {brief(value)}, {len(value)} item(s); the answer is {what}, {n} item(s).")
     return list(value)
 
 
@@ -244,7 +244,7 @@ def tensor(value, said: str, like):
 
     if not isinstance(value, torch.Tensor):
         hint = " (is a `return` missing?)" if value is None else ""
-        raise Wrong(f"{said} {shown(value)}{hint}; the answer is one torch tensor.")
+        raise Wrong(f"{said} {brief(value)}{hint}; the answer is one torch tensor.")
     if tuple(value.shape) != tuple(like.shape):
         raise Wrong(
             f"{said} a tensor of shape {tuple(value.shape)}; it should have shape {tuple(like.shape)}."

@@ -8,7 +8,7 @@ import random
 from helpers.bucketing import ANATOMY_WIDTHS, MiB, expected_buckets
 from helpers.comm_hooks import link_finish_times, make_batch
 from helpers.errors import CourseError
-from helpers.exercises import NotAnswered, Wrong, call, checker, close, items, number, on_ranks, shown
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, items, number, on_ranks
 from helpers.toys import mlp
 
 
@@ -38,7 +38,7 @@ def _all_reduce_in_two(fn):
                 )
             if not isinstance(out, torch.Tensor) or out.dtype == torch.bool:
                 raise Wrong(
-                    f"on rank {rank} of {world}, all_reduce_in_two returned {shown(out)}, not a tensor."
+                    f"on rank {rank} of {world}, all_reduce_in_two returned {brief(out)}, not a tensor."
                 )
             got[length] = (out.detach().double().tolist(), torch.equal(mine, before))
         return got
@@ -89,7 +89,7 @@ def _averaging_hook(fn):
             future.set_result(bucket.buffer())
         elif not isinstance(future, (torch.futures.Future, torch._C.Future)):
             raise Wrong(
-                f"average_hook returned {shown(future)}; DDP needs a torch.futures.Future of the bucket."
+                f"average_hook returned {brief(future)}; DDP needs a torch.futures.Future of the bucket."
             )
         return future
 
@@ -171,7 +171,7 @@ def _buckets_answer(got, said: str) -> list[list[int]]:
         bucket = items(bucket, f"{said} a bucket", None, (list, tuple), "a list of indices")
         for i in bucket:
             if isinstance(i, bool) or not isinstance(i, int):
-                raise Wrong(f"{said} a bucket holding {shown(i)}; a bucket holds indices (ints) into sizes.")
+                raise Wrong(f"{said} a bucket holding {brief(i)}; a bucket holds indices (ints) into sizes.")
         out.append(list(bucket))
     return out
 

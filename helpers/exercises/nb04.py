@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from helpers import exercises
 from helpers.checkpoints import resume_point
 from helpers.errors import CourseError
-from helpers.exercises import NotAnswered, Wrong, call, checker, integer, items, shown
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, integer, items
 from helpers.training import CLASSES, FEATURES, allreduce_bytes, toy_model
 
 
@@ -178,7 +178,7 @@ def _epoch_orders(fn):
             for order in orders:
                 items(order, f"{said} an epoch's order", None, list, "a list of indices")
                 if not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
-                    raise Wrong(f"{said} an epoch's order {shown(order)}; an order holds int indices.")
+                    raise Wrong(f"{said} an epoch's order {brief(order)}; an order holds int indices.")
             if got == want:
                 continue
             if len(got) == epochs and len(got) > 1 and all(order == got[0] for order in got):

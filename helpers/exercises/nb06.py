@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.exercises import Wrong, call, checker, integer, items, number, shown
-from helpers.selfcog import fill, self_cognition_rows, write_jsonl
+from helpers.exercises import Wrong, brief, call, checker, integer, items, number
+from helpers.paths import write_jsonl
+from helpers.selfcog import fill_placeholders, self_cognition_rows
 
 
 @checker("06.1")
@@ -83,11 +84,11 @@ def _check_fill(fn):
     """fn(row, name, author) -> the row with SWIFT's placeholders filled."""
     cases = _fill_cases()
     for row, name, author in cases:
-        want = fill(row, name, author)
+        want = fill_placeholders(row, name, author)
         given = dict(row)
         got, said = call(fn, given, list(name), list(author), show=f"fill_row({row!r}, {name!r}, {author!r})")
         if not isinstance(got, dict):
-            raise Wrong(f"{said} {shown(got)}; the answer is the filled row, a dict.")
+            raise Wrong(f"{said} {brief(got)}; the answer is the filled row, a dict.")
         if given != row:
             raise Wrong(f"{said} a row, but it changed the row it was given; return a copy (dict(row)).")
         for key in ("query", "response"):
@@ -99,12 +100,12 @@ def _check_fill(fn):
             elif isinstance(got.get(key), str) and "{{" in got[key]:
                 hint = "every occurrence of a placeholder is replaced, not only the first"
             raise Wrong(
-                f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {shown(got.get(key))}; {hint}."
+                f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {brief(got.get(key))}; {hint}."
             )
         if {k: v for k, v in got.items() if k not in ("query", "response")} != {
             k: v for k, v in row.items() if k not in ("query", "response")
         }:
-            raise Wrong(f"{said} {shown(got)}: keep the row's other fields (tag, ...) as they were.")
+            raise Wrong(f"{said} {brief(got)}: keep the row's other fields (tag, ...) as they were.")
     return True, f"all {len(cases)} rows filled as SWIFT fills them."
 
 
@@ -152,7 +153,7 @@ def _check_last_logged(fn):
             got, said = call(fn, str(path), show=f"last_logged on a log of {len(lines)} lines")
             step, loss = items(got, said, 2, what="a tuple (step, loss)")
             if isinstance(step, bool) or not isinstance(step, int):
-                raise Wrong(f"{said} step {shown(step)}; the step is an int.")
+                raise Wrong(f"{said} step {brief(step)}; the step is an int.")
             loss = number(loss, f"{said} loss", "(the loss, a float)")
             if (step, loss) == want:
                 continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.exercises import Wrong, call, checker, shown, tensor, tensors_close
+from helpers.exercises import Wrong, brief, call, checker, tensor, tensors_close
 
 
 def _lora_case(
@@ -119,7 +119,7 @@ def _check_read_answers(fn):
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
             got, said = call(fn, str(path), show=f"answers_from on a file of {len(rows)} line(s)")
             if not isinstance(got, dict):
-                raise Wrong(f"{said} {shown(got)}; the answer is a dict from question to answer.")
+                raise Wrong(f"{said} {brief(got)}; the answer is a dict from question to answer.")
             want = {
                 [m["content"] for m in r["messages"] if m["role"] == "user"][-1]: r["response"] for r in rows
             }
@@ -130,5 +130,5 @@ def _check_read_answers(fn):
                 why = "one entry per line of the file: every line is a question of its own"
             else:
                 why = "each line's question is its last user message (a system message or earlier turns may come first) and its answer is `response`"
-            raise Wrong(f"for the file\n{shown_rows}\nthe answer is {want!r}, not {shown(got, 300)}: {why}.")
+            raise Wrong(f"for the file\n{shown_rows}\nthe answer is {want!r}, not {brief(got, 300)}: {why}.")
     return True, "that is how the table above was read from swift infer's file."

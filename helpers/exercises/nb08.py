@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from helpers.devicemap import swift_devices
-from helpers.exercises import Wrong, call, checker, close, items, number, shown
+from helpers.exercises import Wrong, brief, call, checker, close, items, number
 from helpers.parallelism import BF16_MIXED_ADAM, QWEN25_7B_PARAMETERS
 
 
@@ -41,7 +41,7 @@ def _gpu_lists(answer, said: str, ranks: int) -> list[list[int]]:
         items(ids, f"{said} a rank's GPUs as", None, list, "a list of GPU ids")
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, int):
-                raise Wrong(f"{said} a GPU id {shown(i)}; GPU ids are ints.")
+                raise Wrong(f"{said} a GPU id {brief(i)}; GPU ids are ints.")
     return lists
 
 

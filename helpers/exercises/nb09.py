@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from helpers.exercises import Wrong, call, checker, close, items, number, shown
+from helpers.exercises import Wrong, brief, call, checker, close, items, number
 
 
 def swift_use_reentrant(kwargs, nproc_per_node, deepspeed: bool, fsdp: bool) -> bool:
@@ -35,7 +35,7 @@ def _which_reentrant(fn):
         got, said = call(fn, copy.deepcopy(kwargs), nproc, deepspeed, fsdp)
         if not isinstance(got, bool):
             hint = " (is a `return` missing?)" if got is None else ""
-            raise Wrong(f"{said} {shown(got)}{hint}; the answer is True or False.")
+            raise Wrong(f"{said} {brief(got)}{hint}; the answer is True or False.")
         if got == want:
             continue
         named = kwargs.get("use_reentrant") if kwargs else None
@@ -141,7 +141,7 @@ def _rank_set(value, said: str, name: str) -> set:
     ranks = items(value, f"{said} {name}", None, (set, frozenset), f"a set of ranks ({name})")
     for rank in ranks:
         if isinstance(rank, bool) or not isinstance(rank, int):
-            raise Wrong(f"{said} {shown(rank)} among the {name} ranks; a rank is an int (the dict's key).")
+            raise Wrong(f"{said} {brief(rank)} among the {name} ranks; a rank is an int (the dict's key).")
     return set(ranks)
 
 
