@@ -6,10 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,29 +234,6 @@ def model_key(info: models.ModelInfo) -> str:
     return digest.hexdigest()[:12]
 
 
-def _build_once(target: Path, build) -> bool:
-    """Make ``target`` with ``build(tmp)`` unless it is complete (it has stats.json, written last).
-
-    The build writes into a temporary sibling renamed into place at the end, under a lock, so an
-    interrupted build leaves nothing that looks finished. Returns True when it built.
-    """
-    if (target / "stats.json").is_file():
-        return False
-    with paths.locked(target):
-        if (target / "stats.json").is_file():
-            return False
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            build(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return True
-
-
 @dataclass
 class GeneralData:
     path: Path  # the JSON-lines file SWIFT trains on (query, response)
@@ -299,7 +273,9 @@ def general_answers(chat: Chat, questions=None, max_tokens: int = 48) -> General
         )
         made.append(True)
 
-    _build_once(target, build)
+    paths.build_folder(
+        target, build, problem=lambda folder: None if (folder / "stats.json").is_file() else "unfinished"
+    )
     stats = json.loads((target / "stats.json").read_text())
     return GeneralData(
         path=target / "general.jsonl",

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,52 +122,18 @@ def check(directory: Path) -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Delete temporary folders of builds whose process is gone (killed half-way)."""
-    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 2)[-2]
-        if not pid.isdigit() or not _pid_alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def build_once(target: Path, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
-    """Make ``target`` with ``build(tmp_dir)``, unless a complete one is already there.
+    """Make the model folder ``target`` with ``build(tmp_dir)`` (see :func:`helpers.paths.build_folder`), unless a
+    complete one is there: a manifest of file sizes is written last, and a folder that fails :func:`check`
+    against it is removed and rebuilt."""
 
-    The build writes into a temporary sibling folder; a manifest of file sizes is added and the
-    folder is renamed to ``target`` only at the end, so a build killed half-way leaves no
-    ``target`` at all. An existing ``target`` that fails :func:`check` is removed and rebuilt.
-    """
-    target = Path(target)
-    with paths.locked(target):
-        _remove_leftovers(target)
-        problem = check(target)
-        if problem is None and not force:
-            log(f"Reusing {paths.relative(target)} (complete: every file matches its manifest).")
-            return target
-        if target.exists():
-            why = "rebuild requested" if problem is None else problem
-            log(f"Rebuilding {target}: {why}.")
-            shutil.rmtree(target)
-        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            build(tmp)
-            files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-            (tmp / MANIFEST).write_text(json.dumps({"files": files, "built": time.time()}, indent=1))
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    def build_with_manifest(tmp: Path) -> None:
+        build(tmp)
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps({"files": files, "built": time.time()}, indent=1))
+
+    paths.build_folder(target, build_with_manifest, problem=check, force=force, log=log)
+    return Path(target)
 
 
 # --- the cpu model: SmolLM2 from a PyPI wheel ------------------------------------------------

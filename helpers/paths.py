@@ -4,9 +4,9 @@ there safely (a whole file or none, one process at a time)."""
 import contextlib
 import json
 import os
+import shutil
+import uuid
 from pathlib import Path
-
-from helpers import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -199,6 +199,55 @@ def locked(path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def build_folder(
+    target,
+    build,
+    *,
+    problem=lambda folder: None if folder.is_dir() else "it does not exist",
+    force: bool = False,
+    log=None,
+) -> bool:
+    """Make the folder ``target`` with ``build(tmp)`` unless a complete one is there; True when it built.
+
+    ``problem(target)`` says what is wrong with what is there (None: complete, reused). The build writes into
+    a temporary sibling renamed to ``target`` only at the end, one process at a time: a build killed half-way
+    leaves no ``target``, and the next build removes what the dead one left.
+    """
+    target = Path(target)
+    with locked(target):
+        for tmp in target.parent.glob(f".{target.name}.tmp-*"):
+            pid = tmp.name.rsplit("-", 2)[-2]
+            if not pid.isdigit() or not _process_alive(int(pid)):
+                shutil.rmtree(tmp, ignore_errors=True)
+        why = problem(target)
+        if why is None and not force:
+            if log:
+                log(f"Reusing {relative(target)} (complete).")
+            return False
+        if target.exists():
+            if log:
+                log(f"Rebuilding {relative(target)}: {'rebuild requested' if why is None else why}.")
+            shutil.rmtree(target)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
 def read_jsonl(path) -> list[dict]:
     """The rows of a JSON-lines file."""
     with open(path, encoding="utf-8") as handle:
@@ -207,4 +256,4 @@ def read_jsonl(path) -> list[dict]:
 
 def write_jsonl(path, rows) -> Path:
     """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
-    return paths.write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

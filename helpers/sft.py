@@ -1,7 +1,5 @@
 """Training with SWIFT (微调训练): one plan as `swift sft` flags or as SftArguments keywords, the seed's recipe
-for 1 to 8 GPUs, a run in a process of its own, and SWIFT's logs as curves.
-
-Importing this module sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is set (see the comment below)."""
+for 1 to 8 GPUs, a run in a process of its own, and SWIFT's logs as curves."""
 
 from __future__ import annotations
 
@@ -17,11 +15,6 @@ from helpers import launching, models, paths, swiftcli
 from helpers.errors import CourseError
 from helpers.paths import read_jsonl
 from helpers.selfcog import SYSTEM
-
-# Threads that wait for each other should sleep, not spin: this notebook runs a background Web-UI and
-# training processes next to the kernel, and on a small CPU spinning OpenMP threads then slow a 2-thread
-# torch by up to 10x (measured). Set before torch loads; launched processes inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _parse_flags(args: list[str]) -> dict:

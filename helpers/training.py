@@ -1,16 +1,11 @@
-"""DDP training in practice (DDP 训练实战): toy data and model, sampler shards, atomic checkpoints, counted all-reduces.
+"""DDP training in practice (DDP 训练实战): notebook 04's toy data and model, the checks of a run's layout,
+nodes on one machine, counted all-reduces, scaling, and their pictures.
 
-The pieces a complete DDP training script needs besides DDP itself:
-
-- :func:`toy_dataset` / :func:`toy_model`: deterministic, so every run (and every restart) sees the same
-  numbers and two runs can be compared bit for bit;
-- :func:`sampler_indices`: what DistributedSampler hands each rank, epoch by epoch, without processes;
-- :func:`atomic_save` / :func:`load_checkpoint`: write a temporary file, fsync, ``os.replace``; a
-  process killed mid-write leaves the previous checkpoint as the one that loads;
-- :class:`CommCounter` + :func:`counting_allreduce`: a DDP communication hook that counts what it sends;
-- :func:`init_distributed`: ``init_process_group`` that survives ``torchrun --max-restarts``;
-- :class:`EventLog`: rank 0's append-only diary, which survives a SIGKILL;
-- :func:`dp_and_plain_step_times`: a thread-based DataParallel step against a plain one, for the comparison.
+A complete DDP training script needs more than DDP: deterministic toys (:func:`toy_dataset`,
+:func:`toy_model`: two runs compare bit for bit), sampler shards (:mod:`helpers.sampling`), checkpoints that
+survive a killed worker (:mod:`helpers.checkpoints`), a process group that survives ``torchrun
+--max-restarts`` (:func:`helpers.worker.join_group`), and a comm hook that counts what it sends
+(:class:`CommCounter`, :func:`counting_allreduce`).
 """
 
 from __future__ import annotations
@@ -42,7 +37,9 @@ def toy_dataset(samples: int, features: int = FEATURES, classes: int = CLASSES, 
     return torch.utils.data.TensorDataset(x, y)
 
 
-def toy_model(hidden: int = 256, features: int = FEATURES, classes: int = CLASSES, seed: int = 0) -> nn.Module:
+def toy_model(
+    hidden: int = 256, features: int = FEATURES, classes: int = CLASSES, seed: int = 0
+) -> nn.Module:
     """Notebook 04's MLP (features -> hidden -> hidden -> classes); the same seed, the same weights everywhere."""
     return mlp([features, hidden, hidden, classes], seed=seed)
 
@@ -86,44 +83,6 @@ def node_env(profile, node_rank: int) -> dict:
         return {}
     half = profile.nproc // 2
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
-
-
-def device_for(backend: str) -> torch.device:
-    """In a launched script: this rank's device (cuda:LOCAL_RANK with nccl, else the CPU)."""
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
-
-
-def init_distributed(backend: str) -> None:
-    """``dist.init_process_group`` for a script that torchrun may restart (``--max-restarts``).
-
-    torchrun keeps one key-value store (a TCPStore) for the whole job, and a new process group
-    publishes its members' network addresses in it. After a restart the dead workers' addresses are
-    still there; with gloo the new workers may read them and fail to connect ("Connection refused").
-    Each attempt therefore gets its own key prefix, ``attempt<TORCHELASTIC_RESTART_COUNT>/``.
-    """
-    import datetime
-
-    import torch.distributed as dist
-
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # not under torchrun: the usual way
-        dist.init_process_group(backend)
-        return
-    timeout = datetime.timedelta(minutes=5)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-    )
-    dist.init_process_group(
-        backend,
-        store=dist.PrefixStore(f"attempt{attempt}/", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
 
 
 # --- counting what DDP sends ---------------------------------------------------------------------------------

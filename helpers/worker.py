@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from helpers import paths
 from helpers.launching import RESULTS_ENV
 
@@ -32,20 +34,16 @@ class Rank:
 
 
 def init_rank(backend: str = "gloo") -> Rank:
-    """Join the process group torchrun prepared (env:// rendezvous) and pick this rank's device.
+    """Join the process group torchrun prepared (:func:`join_group`) and pick this rank's device.
 
     On CPU each rank keeps one compute thread: two ranks already fill two cores, and more threads
     would make them fight for the same cores instead of computing.
     """
-    import torch
     import torch.distributed as dist
 
-    dist.init_process_group(backend)
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    join_group(backend)
+    device = device_for(backend)
+    if device.type == "cpu":
         torch.set_num_threads(1)
     return Rank(dist.get_rank(), dist.get_world_size(), device)
 
@@ -91,3 +89,41 @@ def exit_together() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def device_for(backend: str) -> torch.device:
+    """In a launched script: this rank's device (cuda:LOCAL_RANK with nccl, else the CPU)."""
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def join_group(backend: str) -> None:
+    """``dist.init_process_group`` for a script that torchrun may restart (``--max-restarts``).
+
+    torchrun keeps one key-value store (a TCPStore) for the whole job, and a new process group
+    publishes its members' network addresses in it. After a restart the dead workers' addresses are
+    still there; with gloo the new workers may read them and fail to connect ("Connection refused").
+    Each attempt therefore gets its own key prefix, ``attempt<TORCHELASTIC_RESTART_COUNT>/``.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # not under torchrun: the usual way
+        dist.init_process_group(backend)
+        return
+    timeout = datetime.timedelta(minutes=5)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"attempt{attempt}/", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )

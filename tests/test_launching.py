@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import processes_mentioning
-from helpers import launching, swiftcli
+from helpers import launching, paths, swiftcli
 
 SCRIPT = textwrap.dedent(
     """
@@ -336,3 +336,20 @@ def test_a_shown_swift_command_is_run_exactly_as_written(build, monkeypatch):
     assert launch.shown_as.startswith("▶ swift sft: the command above, with MASTER_PORT=")
     with pytest.raises(launching.CourseError, match="is not a swift command"):
         swiftcli.parse_swift_text("python train.py --x 1")
+
+
+def test_launched_processes_wait_without_spinning_unless_the_environment_says_otherwise(build, monkeypatch):
+    """OMP_WAIT_POLICY=PASSIVE reaches every launched process, set by the launch, not by importing a module."""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import os, helpers.sft, helpers.web, helpers.launching; print(os.environ.get('OMP_WAIT_POLICY'))"],
+        capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"},
+        cwd=paths.ROOT, check=True,
+    )  # fmt: skip
+    assert imported.stdout.strip() == "None", "importing a helpers module must not change the environment"
+    code = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY'))"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    [result] = launching.run(launching.Launch([sys.executable, "-c", code], timeout=60), show=False)
+    assert "policy PASSIVE" in result.output
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    [result] = launching.run(launching.Launch([sys.executable, "-c", code], timeout=60), show=False)
+    assert "policy ACTIVE" in result.output
