@@ -25,7 +25,7 @@ class SimulatedLink:
     def __init__(self, bandwidth: float, latency: float = 0.0):
         self.bandwidth, self.latency = float(bandwidth), float(latency)
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="simulated link", daemon=True)
         self._thread.start()
 
     def wire_seconds(self, nbytes: int) -> float:

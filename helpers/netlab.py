@@ -25,7 +25,8 @@ CARD = "eth0"  # the node's network card inside its namespace; gloo is told to u
 OFF_ENV = "COURSE_NETLAB"  # set to "off" to take the simulated-wire path even where the lab could run
 
 
-def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def run_ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command (`ip`, `tc`, ...) on the host or, with ``ns``, inside that network namespace."""
     argv = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if check and done.returncode != 0:
@@ -50,14 +51,14 @@ def _owner(name: str) -> int:
 
 def _remove(name: str) -> None:
     """Stop every process in namespace ``name`` and delete it (its links go with it)."""
-    pids = _ip("ip", "netns", "pids", name, check=False).stdout.split()
+    pids = run_ip("ip", "netns", "pids", name, check=False).stdout.split()
     for pid in pids:
         try:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
     for _ in range(50):  # a killed process leaves the namespace a moment later
-        if _ip("ip", "netns", "delete", name, check=False).returncode == 0 or name not in namespaces():
+        if run_ip("ip", "netns", "delete", name, check=False).returncode == 0 or name not in namespaces():
             break
         time.sleep(0.1)
 
@@ -88,11 +89,11 @@ def unavailable() -> str | None:
         return "the network lab needs root (CAP_NET_ADMIN) to make network namespaces, and this kernel runs as a normal user."
     probe = f"{PREFIX}{os.getpid()}-probe"
     try:
-        made = _ip("ip", "netns", "add", probe, check=False)
+        made = run_ip("ip", "netns", "add", probe, check=False)
         if made.returncode != 0:
             return f"this machine refuses to make a network namespace ({made.stderr.strip()}), so the network lab cannot run."
-        _ip("ip", "link", "add", "p0", "type", "veth", "peer", "name", "p1", ns=probe, check=False)
-        tbf = _ip(
+        run_ip("ip", "link", "add", "p0", "type", "veth", "peer", "name", "p1", ns=probe, check=False)
+        tbf = run_ip(
             "tc",
             "qdisc",
             "add",
@@ -149,13 +150,13 @@ class Lab:
             raise
 
     def _build(self) -> None:
-        _ip("ip", "netns", "add", self.switch)
-        _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
-        _ip("ip", "link", "set", "br0", "up", ns=self.switch)
+        run_ip("ip", "netns", "add", self.switch)
+        run_ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
+        run_ip("ip", "link", "set", "br0", "up", ns=self.switch)
         for k, name in enumerate(self.names):
-            _ip("ip", "netns", "add", name)
+            run_ip("ip", "netns", "add", name)
             port = f"port{k}"
-            _ip(
+            run_ip(
                 "ip",
                 "link",
                 "add",
@@ -170,11 +171,11 @@ class Lab:
                 "netns",
                 self.switch,
             )
-            _ip("ip", "link", "set", port, "master", "br0", ns=self.switch)
-            _ip("ip", "link", "set", port, "up", ns=self.switch)
-            _ip("ip", "addr", "add", f"{self.address(k)}/24", "dev", CARD, ns=name)
-            _ip("ip", "link", "set", CARD, "up", ns=name)
-            _ip("ip", "link", "set", "lo", "up", ns=name)
+            run_ip("ip", "link", "set", port, "master", "br0", ns=self.switch)
+            run_ip("ip", "link", "set", port, "up", ns=self.switch)
+            run_ip("ip", "addr", "add", f"{self.address(k)}/24", "dev", CARD, ns=name)
+            run_ip("ip", "link", "set", CARD, "up", ns=name)
+            run_ip("ip", "link", "set", "lo", "up", ns=name)
 
     def address(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
@@ -194,7 +195,7 @@ class Lab:
             raise CourseError(f"rate_mbit={rate_mbit!r}: give a link rate between 1 and 100000 Mbit/s.")
         verb = "add" if self.rate_mbit is None else "change"
         for name in self.names:
-            _ip(
+            run_ip(
                 "tc",
                 "qdisc",
                 verb,
@@ -214,7 +215,7 @@ class Lab:
 
     def bytes_sent(self, node: int) -> int:
         """Bytes node ``node``'s card has sent so far (the kernel's own counter)."""
-        out = _ip("cat", f"/sys/class/net/{CARD}/statistics/tx_bytes", ns=self.names[node]).stdout
+        out = run_ip("cat", f"/sys/class/net/{CARD}/statistics/tx_bytes", ns=self.names[node]).stdout
         return int(out.strip())
 
     def leftovers(self) -> list[str]:

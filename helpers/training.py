@@ -152,7 +152,7 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _dp_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
+def dataparallel_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
     """One DataParallel-style step: replicate, scatter, threaded forward, gather, loss, threaded backward, reduce."""
     k = len(replicas)
     with torch.no_grad():
@@ -205,7 +205,7 @@ def dataparallel_stepper(hidden: int, k: int, x, y, lr: float = 1e-3):
     main = toy_model(hidden)
     replicas = [main] + [toy_model(hidden) for _ in range(k - 1)]
     optimizer = torch.optim.Adam(main.parameters(), lr=lr)
-    return lambda: _dp_step(main, replicas, optimizer, x, y)
+    return lambda: dataparallel_step(main, replicas, optimizer, x, y)
 
 
 def machine_load() -> dict:

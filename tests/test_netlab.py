@@ -67,12 +67,12 @@ def test_two_nodes_talk_through_the_limited_card_and_leave_nothing():
         took = time.monotonic() - started
         sent = lab.bytes_sent(1) - before
         lab.set_rate(400)  # change on the fly
-        assert "rate 400Mbit" in netlab._ip("tc", "qdisc", "show", "dev", netlab.CARD, ns=lab.names[0]).stdout
+        assert "rate 400Mbit" in netlab.run_ip("tc", "qdisc", "show", "dev", netlab.CARD, ns=lab.names[0]).stdout
         with pytest.raises(CourseError, match="between 1 and 100000"):
             lab.set_rate(0)
         sleeper = subprocess.Popen([*lab.prefix(0), "sleep", "60"])
         for _ in range(100):  # on a loaded machine `ip netns exec` enters the namespace a moment later
-            if str(sleeper.pid) in netlab._ip("ip", "netns", "pids", lab.names[0], check=False).stdout.split():
+            if str(sleeper.pid) in netlab.run_ip("ip", "netns", "pids", lab.names[0], check=False).stdout.split():
                 break
             time.sleep(0.1)
         else:

@@ -200,7 +200,7 @@ def test_threaded_dataparallel_step_matches_a_plain_step():
     opt.step()
     main = training.toy_model(24)
     replicas = [main, training.toy_model(24, seed=5)]  # the copy step must overwrite these weights
-    training._dp_step(main, replicas, torch.optim.Adam(main.parameters(), lr=1e-3), x, y)
+    training.dataparallel_step(main, replicas, torch.optim.Adam(main.parameters(), lr=1e-3), x, y)
     assert compare.largest_difference(plain.state_dict(), main.state_dict()) < 1e-6
     torch.manual_seed(0)
     expected = torch.rand(1)
