@@ -108,6 +108,11 @@ def simulated_vs_formula(
         ax.plot(x, values, markers[i % len(markers)], color=color, ms=7 - 2 * i, label=f"{label} ({kind})")
         if label in formula:
             ax.plot(x, formula[label], "--", color=color, lw=1, label=f"{label} (formula)")
+    return _finish_axes(ax, xlabel, ylabel, title)
+
+
+def _finish_axes(ax, xlabel: str, ylabel: str, title: str):
+    """Axis labels, a frameless legend and the title (when there is one)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(frameon=False, fontsize=8)
@@ -185,12 +190,7 @@ def measured_curves(
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend(frameon=False, fontsize=8)
-    if title:
-        ax.set_title(title)
-    return ax
+    return _finish_axes(ax, xlabel, ylabel, title)
 
 
 def bucket_map(layouts: dict, *, title: str = "", unit: float = 2**20, unit_name: str = "MiB"):
