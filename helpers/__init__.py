@@ -2,33 +2,44 @@
 course/, ARCHITECTURE.md).
 
 - paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are; writing there
-             atomically, one process at a time
+             atomically, one process at a time, and building a folder once
 - errors     CourseError: a one-sentence error for learners, shown without a traceback
 - profiles   cpu / gpu / smoke / auto: resolve and validate a notebook's parameters; the gpu profile's dtype,
              and the ranks a lesson runs on one GPU
-- models     make the course models available offline (SmolLM2, a tiny smoke model, ModelScope ids), check the
-             disk before a download, and let every model go at a notebook's end
+- models     make the course models available offline (SmolLM2, a tiny smoke model, ModelScope ids), and let
+             every model go at a notebook's end
+- disk       free space checked before a download or a large write, and what the gpu route needs
 - swift_local_code_only  a SWIFT plugin (--external_plugins): no code shipped in a model folder runs
-- launching  run torchrun and the swift CLI from a cell: live rank-prefixed output, timeouts, results, on
+- launching  run torchrun and other commands from a cell: live rank-prefixed output, timeouts, results, on
              the GPUs this process may use
+- worker     inside a launched script: join the process group, pick the device, save a result, leave together
+- swiftcli   the `swift` command as text a learner can type, run from a cell
 - environment installed versions against the pins, accelerators and distributed backends
 - report     record a notebook's key metrics (collected into the run report) and show tables
 - plots      the course's plot style and a timeline of measured intervals
-- compare    how far apart two results are (tensors, gradients, state dicts, models)
-- exercises  check() and its verdicts; each notebook's checkers in exercises/nbNN.py
+- toys       the one toy-model builder (an MLP); each lesson's model is a configuration of it
+- bytecount  bytes held by tensors and modules, each storage once, and bytes as a reader says them
+- compare    how far apart two results are (tensors, gradients, state dicts, models), and a model's fingerprint
+- exercises  check(), its verdicts and on_ranks (a function run on real ranks); each notebook's checkers in
+             exercises/nbNN.py
 
 One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
 - dataparallel  02: a threaded DataParallel that traces the nine steps of a step
-- ddp           03: collectives, DDP's buckets and overlap, a hand-written ring all-reduce, alpha-beta fits
+- dp_costs      02: what DataParallel costs the main device, step times against K, torch's own DataParallel
+- collective    03: collectives by hand (a ring all-reduce), algbw / busbw, the alpha-beta model of a link
+- bucketing     03: how DDP's Reducer packs gradients into buckets, read back from torch
+- comm_hooks    03, 04: comm hooks that time each bucket, a simulated link, overlap measured
 - netlab        03, 04: nodes as network namespaces on a rate-limited link, for torchrun across them
-- training      04: toy data and model, sampler shards, atomic checkpoints, counted all-reduces
+- training      04: toy data and model, the checks of a run's layout, counted all-reduces, scaling
+- sampling      04: DistributedSampler's shards, with and without set_epoch
+- checkpoints   04: atomic checkpoints, resumed bit for bit after a killed worker
 - selfcog       06: the self-cognition data, its placeholders and the held-out questions
 - answering     06, 07: SWIFT's inference engine in the kernel, and the base model's own general answers
 - sft           06: `swift sft` as one plan (flags or SftArguments), the seed's recipe, SWIFT's logs
 - lora          06, 07: a trained adapter checked, fingerprinted and recorded for notebook 07
 - scoring       06, 07: whole answers scored on the held-out questions, per language
-- web           06: SWIFT's Web-UI started, reached, seen and stopped
+- web           06: SWIFT's Web-UI started, reached, mapped to flags and stopped
 - inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
 - devicemap     08: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
 - sharding      08: ZeRO / FSDP bytes and traffic per rank, against the formulas
