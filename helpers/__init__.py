@@ -1,4 +1,6 @@
-"""The course's small library, one module per concept: what a lesson imports (the course's own tooling is in
+"""The course's small library: what a lesson imports, one module per concept.
+
+The course's small library, one module per concept: what a lesson imports (the course's own tooling is in
 course/, ARCHITECTURE.md).
 
 - paths      where the repository, build/ (run outputs) and build/outputs/ (what you train) are; writing there

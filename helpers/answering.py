@@ -1,4 +1,6 @@
-"""Asking a model (模型推理): SWIFT's inference engine, greedy, in batches, on one device; and the base model's
+"""Asking a model (模型推理): SWIFT's inference engine in the kernel, and the base model's own general answers.
+
+Asking a model (模型推理): SWIFT's inference engine, greedy, in batches, on one device; and the base model's
 own answers to the general questions, made once and cached, that training mixes in against forgetting."""
 
 from __future__ import annotations

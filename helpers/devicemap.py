@@ -1,4 +1,6 @@
-"""Simple model parallelism (简易模型并行) with ``device_map``: whole layers on different devices, planned by
+"""Simple model parallelism (简易模型并行) with device_map: placement planned and timed, SWIFT's DDP + device_map.
+
+Simple model parallelism (简易模型并行) with ``device_map``: whole layers on different devices, planned by
 accelerate on the meta device (nothing allocated), timed stage by stage; and DDP + device_map, where SWIFT gives
 each DDP rank a group of GPUs by its own rules."""
 

@@ -1,4 +1,6 @@
-"""A network lab (网络实验室): N "nodes" on one machine, each a Linux network namespace with its own address,
+"""A network lab (网络实验室): nodes on one machine as network namespaces joined by a rate-limited link.
+
+A network lab (网络实验室): N "nodes" on one machine, each a Linux network namespace with its own address,
 its own network card (a veth pair into a shared bridge, the "switch") and a rate limit on that card, so
 that torchrun runs once per node and DDP's traffic crosses a real, slow link.
 

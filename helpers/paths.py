@@ -1,4 +1,6 @@
-"""Where things live: the repository, its notebooks, and build/ for everything a run produces; and writing
+"""Where things live (the repository, build/, what you train), and writing there safely.
+
+Where things live: the repository, its notebooks, and build/ for everything a run produces; and writing
 there safely (a whole file or none, one process at a time)."""
 
 import contextlib

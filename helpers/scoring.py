@@ -1,4 +1,6 @@
-"""Scoring answers on the held-out questions: whole answers that name the new identity, general answers
+"""Scoring whole answers on the held-out questions, per language.
+
+Scoring answers on the held-out questions: whole answers that name the new identity, general answers
 kept, per language, against the course's goals."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The self-cognition data (自我认知): the course's identity rows, general questions and held-out questions,
+"""The self-cognition data (自我认知): identity rows, general and held-out questions, SWIFT's placeholders.
+
+The self-cognition data (自我认知): the course's identity rows, general questions and held-out questions,
 the placeholders SWIFT fills, and which held-out questions a run would train on.
 
 Data (all written by this project, under ``data/``):

@@ -1,4 +1,6 @@
-"""Training with SWIFT (微调训练): one plan as `swift sft` flags or as SftArguments keywords, the seed's recipe
+"""Training with SWIFT (微调训练): one plan as `swift sft` flags or SftArguments, the seed's recipe, SWIFT's logs.
+
+Training with SWIFT (微调训练): one plan as `swift sft` flags or as SftArguments keywords, the seed's recipe
 for 1 to 8 GPUs, a run in a process of its own, and SWIFT's logs as curves."""
 
 from __future__ import annotations
