@@ -1,5 +1,5 @@
 """A headless Chromium driven over the DevTools protocol: open a page, wait in real time until it is built,
-read it, photograph it, and see what failed to load (notebook 06's Web-UI, the site's tests)."""
+read it, photograph it, and see what failed to load (the site's test, tests/test_book.py)."""
 
 import base64
 import json

@@ -1,9 +1,12 @@
-"""SWIFT's Web-UI (`swift web-ui`): started in the background, reached (also through a hosted notebook's
-proxy), seen in a headless browser, mapped to `swift sft` flags, and stopped."""
+"""SWIFT's Web-UI (界面训练): started, reached, its training page read, mapped to `swift sft` flags, stopped.
+
+SWIFT's Web-UI (`swift web-ui`): started in the background, reached (also through a hosted notebook's
+proxy), its training page read from its own Gradio config over HTTP, mapped to `swift sft` flags, stopped."""
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import time
 import urllib.error
@@ -130,37 +133,45 @@ class WebUI:
         self.stop()
 
 
-def chromium() -> str | None:
-    """The headless browser used for screenshots, or None where none is installed."""
-    from .browser import chromium
-
-    return chromium()
+TRAINING_TAB = "llm_train"  # SWIFT's elem_id of its training tab, "LLM PT/SFT" (zh: "LLM预训练/微调")
 
 
-def browse(url: str, *extra, timeout: float = 240) -> str:
-    """Open ``url`` in headless Chromium, wait until its scripts have built the page, then do what
-    ``extra`` asks: ``--dump-dom`` returns the page's HTML, ``--screenshot=PATH`` writes a 1280x900 PNG."""
-    from .browser import Browser
+def training_page(url: str, timeout: float = 30) -> dict:
+    """SWIFT's training page as the Web-UI running at ``url`` describes it, read over HTTP without a browser.
 
-    if chromium() is None:
-        raise CourseError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
-    browser = Browser(timeout=timeout)
+    Gradio serves the app's whole description as JSON at ``<url>/config`` (gradio/routes.py, ``get_config``):
+    every component with its ``props`` (label, elem_id, initial value; a value of None is left out) and a
+    ``layout`` tree of component ids that nests them in tabs. Returned: ``{"title": the page's title, "tab":
+    the training tab's label, "fields": {elem_id: {"label": ..., "value": ...}}}`` for the components inside
+    that tab (SWIFT's elem_id ``llm_train``) that hold a value (Gradio marks rows, tabs and buttons
+    ``skip_api``). SWIFT gives each field the id of the CLI argument it sets and a label ending in the flag,
+    e.g. ``"Train type(--tuner_type)"``. The values are those the page is served with; when a browser opens
+    it, its load event (swift/ui/app.py, ``app.load``) fills in the model's template and system prompt."""
+    address = url.rstrip("/") + "/config"
     try:
-        loaded = browser.open(url)
-        if loaded["status"] != 200:
-            raise CourseError(f"Chromium could not open {url}: HTTP status {loaded['status']}.")
-        browser.settle()
-        shown = ""
-        for flag in extra:
-            if flag == "--dump-dom":
-                shown = browser.html()
-            elif flag.startswith("--screenshot="):
-                browser.screenshot(flag.split("=", 1)[1])
-            else:
-                raise CourseError(f"browse() knows --dump-dom and --screenshot=PATH, not {flag}.")
-        return shown
-    finally:
-        browser.close()
+        with urllib.request.urlopen(address, timeout=timeout) as reply:  # noqa: S310 (the Web-UI's address)
+            config = json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise CourseError(f"{address} gave no Gradio config ({exc}); is the Web-UI running?") from None
+    config = config if isinstance(config, dict) else {}
+    components = {c.get("id"): c for c in config.get("components", []) if isinstance(c, dict)}
+    tab = next((c for c in components.values() if c.get("props", {}).get("elem_id") == TRAINING_TAB), None)
+
+    def under(node: dict, inside: bool) -> list:  # the ids in the training tab, in the page's order
+        inside = inside or (tab is not None and node.get("id") == tab["id"])
+        below = [i for child in node.get("children", []) for i in under(child, inside)]
+        return [node.get("id")] * inside + below
+
+    fields: dict = {}
+    for component in map(components.get, under(config.get("layout", {}), False)):
+        props = component.get("props", {}) if component else {}
+        if props.get("elem_id") and not component.get("skip_api"):
+            fields.setdefault(props["elem_id"], {"label": props.get("label"), "value": props.get("value")})
+    if "tuner_type" not in fields:
+        raise CourseError(
+            f"{url} is not SWIFT's Web-UI: its config has no training tab with a tuner_type field."
+        )
+    return {"title": config.get("title"), "tab": tab["props"].get("label"), "fields": fields}
 
 
 def webui_fields(flags) -> list[dict]:

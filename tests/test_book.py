@@ -9,14 +9,13 @@ from urllib.parse import quote, urldefrag, urljoin, urlparse
 
 import pytest
 
-from course import book, runner
-from helpers import web
+from course import book, browser, runner
 
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium():
-    """CI must have Chromium (.ci/run installs it; notebook 06 checks the Web-UI with it too); elsewhere skip."""
-    if web.chromium() is None:
+    """CI must have Chromium (.ci/run installs it); elsewhere skip."""
+    if browser.chromium() is None:
         if os.environ.get("CI") == "true":
             pytest.fail("chromium is not installed; .ci/run installs it with apt-get install -y chromium")
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")
@@ -60,17 +59,15 @@ def site(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pages(site):
     """Every page reachable by links from both editions' start pages, crawled in Chromium: url -> facts."""
-    from helpers.browser import Browser
-
-    browser = Browser()
+    chrome = browser.Browser()
     try:
         seen, queue = {}, [site + "en/index.html", site + "zh-CN/index.html"]
         while queue:
             url = queue.pop(0)
             if url in seen:
                 continue
-            loaded = browser.open(url)
-            facts = browser.evaluate(PAGE_FACTS)
+            loaded = chrome.open(url)
+            facts = chrome.evaluate(PAGE_FACTS)
             seen[url] = {**loaded, **facts}
             for link in facts["links"]:
                 target = urldefrag(link).url
@@ -79,14 +76,14 @@ def pages(site):
         # the search page, asked for a word every edition teaches
         found = {}
         for edition, word in (("en", "Reducer"), ("zh-CN", "梯度")):
-            browser.open(f"{site}{edition}/search.html?q={quote(word)}")
-            found[edition] = browser.evaluate(
+            chrome.open(f"{site}{edition}/search.html?q={quote(word)}")
+            found[edition] = chrome.evaluate(
                 "new Promise(r => { const t0 = Date.now(); (function wait() {"
                 " const n = document.querySelectorAll('#search-results li').length;"
                 " if (n || Date.now() - t0 > 15000) r(n); else setTimeout(wait, 200); })(); })")  # fmt: skip
         seen["search"] = found
     finally:
-        browser.close()
+        chrome.close()
     return seen
 
 
@@ -173,13 +170,19 @@ def test_links_out_of_the_site_are_only_to_the_web(site, pages):
     assert urljoin(site, "en/") == site + "en/"
 
 
-def test_browse_reads_a_built_page_and_photographs_it(site, tmp_path):
-    """web.browse (notebook 06's Web-UI cell) over helpers.browser: the page's HTML once its scripts
-    are done, and a 1280x900 PNG of it."""
+
+def test_the_browser_reads_a_built_page_and_photographs_it(site, tmp_path):
+    """course.browser beyond the crawl: a page's HTML once its scripts are done, and a 1280x900 PNG of it."""
     import struct
 
-    shot = tmp_path / "page.png"
-    html = web.browse(site + "en/index.html", "--dump-dom", f"--screenshot={shot}")
+    shot, chrome = tmp_path / "page.png", browser.Browser()
+    try:
+        assert chrome.open(site + "en/index.html")["status"] == 200
+        chrome.settle()
+        html = chrome.html()
+        chrome.screenshot(shot)
+    finally:
+        chrome.close()
     assert "<h1" in html and "Syllabus" in html and "language-switch" in html
     head = shot.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (1280, 900)

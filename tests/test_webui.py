@@ -1,7 +1,17 @@
-"""SWIFT's Web-UI: notebook 06 maps its fields to flags. Starting it, checking its training page in a headless
-Chromium and stopping it cleanly are checked by 06 itself (section 8), which the notebooks stage runs."""
+"""SWIFT's Web-UI: notebook 06 maps its fields to flags and reads its training page from the app's own Gradio
+config (web.training_page). Starting it, checking that page and stopping it cleanly are checked by 06 itself
+(section 8), which the notebooks stage runs."""
 
-from helpers import web
+import http.server
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from helpers import launching, web
+from helpers.errors import CourseError
 
 
 def test_the_field_table_is_swifts_own_labels():
@@ -15,3 +25,93 @@ def test_the_field_table_is_swifts_own_labels():
     assert rows["--lora_rank"]["field (en)"] == LoRA.locale_dict["lora_rank"]["label"]["en"]
     assert rows["--model_author"]["字段 (zh)"] == SelfCog.locale_dict["model_author"]["label"]["zh"]
     assert set(rows) == {"--lora_rank", "--model_author"}  # no field for --use_cpu, nor for a made-up flag
+
+
+# A Gradio app built like SWIFT's Web-UI (its tab's and fields' elem_ids, labels ending in the flag), served
+# by the installed Gradio: the real /config endpoint, in seconds. In a process of its own: importing swift.ui
+# (the test above) patches Gradio's components in this one (swift/ui/base.py).
+APP = """
+import sys
+import gradio as gr
+
+with gr.Blocks(title="SWIFT WebUI") as app, gr.Tabs():
+    if sys.argv[2] == "swift":
+        with gr.Tab("LLM PT/SFT", elem_id="llm_train"):
+            gr.Dropdown(["Qwen/Qwen2.5-7B-Instruct"], value="Qwen/Qwen2.5-7B-Instruct",
+                        label="Model id or path(--model)", elem_id="model")
+            gr.Textbox(label="System(--system)", elem_id="system")
+            gr.Dropdown(["lora", "full"], value="lora", label="Train type(--tuner_type)",
+                        elem_id="tuner_type")
+            gr.Button("Begin", elem_id="submit")
+    with gr.Tab("LLM Inference", elem_id="llm_infer"):
+        gr.Dropdown(["Qwen/Qwen3-8B"], value="Qwen/Qwen3-8B", label="Model id or path(--model)",
+                    elem_id="model")
+app.launch(server_name="127.0.0.1", server_port=int(sys.argv[1]), prevent_thread_lock=True, quiet=True)
+print(app.local_url, flush=True)
+sys.stdin.read()  # serves until the test closes its stdin
+"""
+
+
+@pytest.fixture
+def gradio_app():
+    """serve(kind): the address of APP ("swift": with SWIFT's training tab; "other": without), running."""
+    started = []
+
+    def serve(kind: str) -> str:
+        env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+        app = subprocess.Popen([sys.executable, "-c", APP, str(launching.free_port()), kind], env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        started.append(app)
+        url = app.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), f"the Gradio app did not start (exit code {app.poll()})"
+        return url
+
+    yield serve
+    for app in started:
+        app.stdin.close()
+        try:
+            app.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            app.kill()
+            app.wait()
+
+
+def test_training_page_reads_swifts_fields_from_the_gradio_config(gradio_app):
+    page = web.training_page(gradio_app("swift"))
+    assert page["title"] == "SWIFT WebUI" and page["tab"] == "LLM PT/SFT"
+    fields = page["fields"]
+    assert list(fields) == ["model", "system", "tuner_type"]  # in the page's order; the button is no field
+    assert fields["tuner_type"] == {"label": "Train type(--tuner_type)", "value": "lora"}
+    assert fields["model"]["value"] == "Qwen/Qwen2.5-7B-Instruct"  # the training tab's, not the other tab's
+    assert fields["system"]["value"] is None  # an empty field: Gradio leaves its value out of the config
+
+
+def test_training_page_says_when_the_page_is_not_swifts(gradio_app):
+    url = gradio_app("other")
+    with pytest.raises(CourseError, match=r"is not SWIFT's Web-UI: its config has no training tab"):
+        web.training_page(url)
+
+
+class Stub(http.server.BaseHTTPRequestHandler):
+    body = b"<html>not Gradio</html>"
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_training_page_says_when_nothing_serves_a_gradio_config():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(CourseError, match=r"/config gave no Gradio config"):
+            web.training_page(f"http://127.0.0.1:{server.server_address[1]}/")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(CourseError, match=r"gave no Gradio config .*is the Web-UI running\?"):
+        web.training_page(f"http://127.0.0.1:{launching.free_port()}", timeout=2)
