@@ -3,6 +3,10 @@ on two (the notebooks of runner.GPU_CHECK, their parameters, the printed command
 CPU: COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the seed's recipe (bf16, gradient
 checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. Nothing is picked by
 hand: a notebook that joins GPU_CHECK joins these runs.
+
+What a notebook did is read from what it recorded (``report.record``, which the runner collects into the
+run's report.json), from the commands its launches ran (each recorded as ``Launch.command``) and from the
+files it wrote, never from the wording of a printed line or the number of a cell.
 """
 
 import glob
@@ -15,7 +19,7 @@ import pytest
 import swift_cli
 
 from course import runner
-from helpers import lora, paths, selfcog
+from helpers import lora, paths, selfcog, swiftcli
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])
@@ -35,28 +39,18 @@ def shape(request):
     return {"nproc": nproc, "build": build, "folder": build / "gpu-check", "out": done.stdout, "dry": dry.stdout}
 
 
-def executed(shape, number: str):
-    [path] = glob.glob(str(shape["folder"] / "executed" / f"{number}_*.ipynb"))
-    return nbformat.read(path, as_version=4)
+def metrics(shape, number: str) -> dict:
+    """What notebook ``number`` recorded with ``report.record``, by name: its metrics in the run's
+    report.json, where the runner collects them from the executed notebook."""
+    report = json.loads((shape["folder"] / "report.json").read_text())
+    [notebook] = [n for n in report["notebooks"] if n["name"][:2] == number]
+    return {m["name"]: m["value"] for m in notebook["metrics"]}
 
 
-def outputs(shape, number: str) -> dict[str, str]:
-    """Each cell's printed text, by cell id."""
-    nb = executed(shape, number)
-    return {c.get("id"): "".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells}
-
-
-def shown_commands(text: str, program: str = "swift") -> list[str]:
-    """Every command a cell printed to type: ``[VAR=value ...] swift ...`` with its continuation lines."""
-    found, lines = [], text.splitlines()
-    for i, line in enumerate(lines):
-        words = line.split()
-        if program in words and all("=" in w for w in words[: words.index(program)]) and not line.startswith("$"):
-            block = [line]
-            while block[-1].rstrip().endswith("\\"):
-                block.append(lines[i + len(block)])
-            found.append("\n".join(block))
-    return found
+def environment_of(command: str) -> dict[str, str]:
+    """The environment a recorded ``swift`` command ran with (its ``VAR=value`` words before ``swift``)."""
+    env, _, _ = swiftcli.parse_swift_text(command)
+    return env
 
 
 def test_every_notebook_of_gpu_check_passes(shape):
@@ -77,28 +71,37 @@ def test_the_run_executed_the_text_dry_prints(shape):
 
 
 def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
+    """One GPU holds one nccl rank: there 03 and 04 run 2 ranks on the CPU over gloo; with more GPUs, one
+    rank per GPU. 04's ranks are two whatever NPROC was (it needs an even number)."""
     for number in ("03", "04"):
-        text = outputs(shape, number)["c03"]
-        assert ("runs 2 ranks on the CPU over gloo" in text) is (shape["nproc"] == 1), number
-    assert "2 ranks x" in outputs(shape, "04")["c03"]  # 04's ranks: two, whatever NPROC was
+        ranks = metrics(shape, number)["lesson_ranks"]
+        if shape["nproc"] == 1:
+            assert ranks == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number
+        else:
+            assert (ranks["profile"], ranks["nproc"]) == ("gpu", shape["nproc"]), number
+    assert metrics(shape, "04")["lesson_ranks"]["nproc"] == 2
 
 
 def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
     from swift import SftArguments
 
-    out = outputs(shape, "06")
-    [single] = shown_commands(out["c14"])
-    got = swift_cli.parse(single, SftArguments)
-    assert "CUDA_VISIBLE_DEVICES=0 " in single.splitlines()[0]  # the first GPU, named in the gpu shape too
-    assert (got["torch_dtype"], got["use_cpu"], got["gradient_checkpointing"]) == ("bfloat16", True, True)
-    assert (got["max_length"], got["learning_rate"], got["system"]) == (2048, 1e-4, selfcog.SYSTEM)
-    assert got["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
-    assert got["max_steps"] == runner.GPU_CHECK["06"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
+    got = metrics(shape, "06")
+    single = got["sft_single_command"]  # the command section 4's launch ran
+    env = environment_of(single)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and "NPROC_PER_NODE" not in env  # the first GPU, one process
+    args = swift_cli.parse(single, SftArguments)
+    assert (args["torch_dtype"], args["use_cpu"], args["gradient_checkpointing"]) == ("bfloat16", True, True)
+    assert (args["max_length"], args["learning_rate"], args["system"]) == (2048, 1e-4, selfcog.SYSTEM)
+    assert args["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
+    assert args["max_steps"] == runner.GPU_CHECK["06"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
     if shape["nproc"] > 1:
-        [ddp] = shown_commands(out["c16"])
-        assert "CUDA_VISIBLE_DEVICES=0,1" in ddp and "NPROC_PER_NODE=2" in ddp
-    else:
-        assert "one process cannot run DDP" in out["c16"]
+        ddp = got["sft_ddp_command"]
+        env = environment_of(ddp)
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, range(shape["nproc"])))  # the first N GPUs
+        assert env["NPROC_PER_NODE"] == str(shape["nproc"])
+        assert swift_cli.parse(ddp, SftArguments)["torch_dtype"] == "bfloat16"
+    else:  # one process cannot run DDP: no second run
+        assert "sft_ddp_command" not in got and "ddp_wall_seconds" not in got
 
 
 def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_process(shape):
@@ -109,48 +112,58 @@ def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
 
     runs = sorted(glob.glob(str(shape["folder"] / "sft-from-python" / "*" / "kwargs.json")))
     assert len(runs) == 2 * len(runner.GPU_CHECK["06"]["SEEDS"])
-    def where(dataset: str) -> str:  # a local path as the repository's absolute path (commands show it relative)
+    # sft.sft_process wrote each kwargs.json; the process it started (sft_from_python.py) wrote result.json
+    assert all(os.path.isfile(os.path.join(os.path.dirname(p), "result.json")) for p in runs)
+
+    def where(dataset: str) -> str:  # a local path as the repository's absolute path (commands give it relative)
         path, mark, rows = dataset.partition("#")
         return str((paths.ROOT / path).resolve()) + mark + rows if (paths.ROOT / path).exists() else dataset
 
     datasets = [[where(d) for d in json.loads(open(p, encoding="utf-8").read())["dataset"]] for p in runs]
-    [single] = shown_commands(outputs(shape, "06")["c14"])
-    trained = [where(d) for d in swift_cli.parse(single, SftArguments)["dataset"]]
+    got = metrics(shape, "06")
+    trained = [where(d) for d in swift_cli.parse(got["sft_single_command"], SftArguments)["dataset"]]
     assert sorted(datasets) == sorted([[str(selfcog.SELF_COGNITION)], trained])
-    assert "sft_from_python.py" in outputs(shape, "06")["c23"]
+    assert {"forgetting_identity_only", "forgetting_identity_and_general"} <= set(got)  # both measured
 
 
 def test_07_merges_and_answers_on_one_gpu_in_the_training_dtype(shape):
     from swift.arguments import ExportArguments, InferArguments
 
-    out = outputs(shape, "07")
-    [export] = shown_commands(out["c07"])
-    [infer] = shown_commands(out["c15"])
-    for text, kind in ((export, ExportArguments), (infer, InferArguments)):
-        assert "CUDA_VISIBLE_DEVICES=0 " in text.splitlines()[0]
-        assert swift_cli.parse(text, kind)["torch_dtype"] == "bfloat16"
-    assert "within bfloat16 rounding: True" in out["c13"]  # each merged weight checked
-    assert "'You are a helpful assistant.'" in out["c03"]  # 06's system prompt, asked with again
+    got = metrics(shape, "07")
+    for name, kind in (("export_command", ExportArguments), ("infer_command", InferArguments)):
+        env = environment_of(got[name])  # the command the launch ran
+        assert env["CUDA_VISIBLE_DEVICES"] == "0" and "NPROC_PER_NODE" not in env, name
+        assert swift_cli.parse(got[name], kind)["torch_dtype"] == "bfloat16", name
+    # each merged weight checked against W + (alpha/r)·B·A: within bfloat16's rounding bound
+    assert got["merged_weight_dtype"] == "bfloat16" and 0 <= got["merged_weight_worst_error"] <= 1
+    assert swift_cli.parse(got["infer_command"], InferArguments)["system"] == selfcog.SYSTEM  # 06's, asked with again
 
 
 def test_08_and_09_run_the_commands_they_show(shape):
+    """Each launch runs the text its cell shows (swiftcli.swift_shell parses that very text); what it ran is
+    what the notebook recorded."""
     from swift import SftArguments
 
     nproc = shape["nproc"]
-    deepspeed = shown_commands(outputs(shape, "08")["c37"])
-    assert len(deepspeed) == 2 and all(f"NPROC_PER_NODE={nproc}" in c for c in deepspeed)
-    assert [swift_cli.parse(c, SftArguments)["torch_dtype"] for c in deepspeed] == ["bfloat16"] * 2
-    assert f"'ranks sharded over': {nproc}" in outputs(shape, "08")["c37"]  # DeepSpeed's bf16 shards read back
-    nine = outputs(shape, "09")
-    [base] = shown_commands(nine["c25b"])
-    got = swift_cli.parse(base, SftArguments)
+    eight = metrics(shape, "08")
+    for name in ("zero2", "zero3"):
+        command = eight[f"swift_{name}_command"]
+        assert environment_of(command)["NPROC_PER_NODE"] == str(nproc), name
+        args = swift_cli.parse(command, SftArguments)
+        assert args["torch_dtype"] == "bfloat16" and name in args["deepspeed"], name
+        # DeepSpeed's shards read back from the checkpoint it saved: split over every rank
+        outcome = eight["swift_runs"][name]
+        assert (outcome["kind"], outcome["ranks sharded over"]) == ("DeepSpeed ZeRO", nproc), name
+    nine = metrics(shape, "09")
+    got = swift_cli.parse(nine["base_default_template_command"], SftArguments)
     assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16")
-    assert f"{runner.GPU_CHECK['09']['SWIFT_STEPS']} steps logged" in nine["c25b"]
+    assert len(nine["base_model_default_template_losses"]) == runner.GPU_CHECK["09"]["SWIFT_STEPS"]  # steps logged
 
 
 def test_every_gpu_notebook_ends_holding_no_model(shape):
+    """Each records it after models.release(), which stops the notebook while a model is still referenced."""
     for number in ("06", "07", "08", "09"):
-        assert outputs(shape, number)["free"].startswith("No model is held by this kernel"), number
+        assert metrics(shape, number).get("no_model_held_at_end") is True, number
 
 
 def test_the_check_wrote_only_under_its_own_folder(shape):
