@@ -13,9 +13,9 @@ from pathlib import Path
 
 import nbformat
 
-from course import translation
+from course import metrics, translation
 from course.runner import BUDGETS, NotebookRun, course_notebooks, title_of, write_report
-from helpers import paths, report
+from helpers import paths
 
 CONF = paths.ROOT / "book"
 # folder name of each edition, and the words its syllabus uses
@@ -47,7 +47,7 @@ def recorded_run(notebook: Path) -> NotebookRun:
         status="passed" if run_info else "not recorded",
         seconds=float(run_info.get("seconds", 0.0)),
         peak_memory_mb=float(run_info.get("peak_memory_mb", 0.0)),
-        metrics=report.collect(nb),
+        metrics=metrics.collect(nb),
         budget_seconds=BUDGETS.get(notebook.name[:2], {}).get(profile),
     )
 

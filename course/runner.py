@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from helpers import paths, report
+from course import metrics
+from helpers import paths
 
 # Seconds one cell may run, by profile: longer than the longest launch timeout a cell gives on that profile
 # (notebook 06: 600 s on cpu, 240 s on smoke, 3600 s on gpu), so that a launch's own timeout, which
@@ -196,7 +197,7 @@ def execute(
     run.peak_memory_mb = round(memory.peak / 2**20, 1)
     run.executed = str(out)
     if out.exists():
-        run.metrics = report.collect(nbformat.read(out, as_version=4))
+        run.metrics = metrics.collect(nbformat.read(out, as_version=4))
     return run
 
 

@@ -74,18 +74,6 @@ def gpu_peak(label: str) -> float | None:
     return peak
 
 
-def collect(notebook) -> list[dict]:
-    """The metrics a (parsed, executed) notebook recorded, in order; later values win."""
-    found: dict[str, dict] = {}
-    for cell in notebook.get("cells", []):
-        for output in cell.get("outputs", []):
-            payload = output.get("data", {}).get(MIME)
-            if payload:
-                found.pop(payload["name"], None)
-                found[payload["name"]] = payload
-    return list(found.values())
-
-
 def table(rows: list[dict], columns: list[str] | None = None):
     """Show a list of dicts as a Markdown table (plain text outside Jupyter); returns the Markdown."""
     if not rows:

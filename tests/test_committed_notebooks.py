@@ -63,9 +63,9 @@ def test_reads_as_a_lesson(notebook):
 
 def test_records_metrics_for_the_run_report(notebook):
     """Every lesson puts its key facts in the run report (the runner collects them the same way)."""
-    from helpers import report
+    from course import metrics
 
-    assert len(report.collect(notebook)) >= 3
+    assert len(metrics.collect(notebook)) >= 3
 
 
 def test_no_path_plumbing_in_lessons(notebook):

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from course import metrics
 from helpers import report
 
 
@@ -12,7 +13,7 @@ def test_record_prints_outside_jupyter_and_collect_keeps_the_last_value(capsys):
     later = {report.MIME: {"name": "loss", "value": 0.5, "unit": "", "note": ""}}
     other = {report.MIME: {"name": "steps", "value": 3, "unit": "", "note": ""}}
     notebook = {"cells": [{"outputs": [{"data": first}, {"data": other}]}, {"outputs": [{"data": later}]}]}
-    assert [(m["name"], m["value"]) for m in report.collect(notebook)] == [("steps", 3), ("loss", 0.5)]
+    assert [(m["name"], m["value"]) for m in metrics.collect(notebook)] == [("steps", 3), ("loss", 0.5)]
 
 
 def test_table_escapes_pipes_and_joins_lists(capsys):
