@@ -1,7 +1,7 @@
 """SWIFT's Web-UI (界面训练): started, reached, its training page read, mapped to `swift sft` flags, stopped.
 
-SWIFT's Web-UI (`swift web-ui`): started in the background, reached (also through a hosted notebook's
-proxy), its training page read from its own Gradio config over HTTP, mapped to `swift sft` flags, stopped."""
+`swift web-ui` runs in the background and is reached directly or through a hosted notebook's proxy; its
+training page is read from the app's own Gradio config over HTTP, without a browser."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def training_page(url: str, timeout: float = 30) -> dict:
     it, its load event (swift/ui/app.py, ``app.load``) fills in the model's template and system prompt."""
     address = url.rstrip("/") + "/config"
     try:
-        with urllib.request.urlopen(address, timeout=timeout) as reply:  # noqa: S310 (the Web-UI's address)
+        with urllib.request.urlopen(address, timeout=timeout) as reply:
             config = json.loads(reply.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise CourseError(f"{address} gave no Gradio config ({exc}); is the Web-UI running?") from None
