@@ -315,6 +315,15 @@ def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or
     ):
         exercises.on_ranks(fails_on_one, 2)
 
+    def loses_its_peer_first(rank, world):  # gloo's view when the other rank dies during set-up
+        if rank == 0:
+            raise RuntimeError("Gloo connectFullMesh failed with Connection closed by peer [127.0.0.1]:1")
+        time.sleep(0.5)
+        raise ValueError("bad shard")
+
+    with pytest.raises(CourseError, match=r"rank 1 failed: ValueError: bad shard"):
+        exercises.on_ranks(loses_its_peer_first, 2)
+
     def waits_alone(rank, world):
         if rank == 0:
             dist.all_reduce(torch.ones(1))  # rank 1 never joins this collective

@@ -318,22 +318,44 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
             try:
                 rank, ok, value = results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
             except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise CourseError(
-                        f"the {world} ranks did not all finish within {timeout:g} s: is one rank waiting in a "
-                        "collective that another never calls?"
-                    ) from None
-                continue
-            if ok is None:
-                raise NotAnswered(value)
-            if ok == "wrong":
-                raise Wrong(value)
-            if not ok:
-                raise CourseError(f"rank {rank} failed: {value}")
-            found[rank] = value
+                if time.monotonic() <= deadline:
+                    continue
+                if any(ok is not True for ok, _ in found.values()):
+                    break  # a rank failed and the others are stuck behind it: report the failure
+                raise CourseError(
+                    f"the {world} ranks did not all finish within {timeout:g} s: is one rank waiting in a "
+                    "collective that another never calls?"
+                ) from None
+            found[rank] = (ok, value)
+            if ok is not True:  # the peers of a failed rank fail too, a moment later: hear them out
+                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
     finally:
         for process in ranks:
             if process.is_alive():
                 process.kill()
             process.join(timeout=5)
-    return [found[r] for r in range(world)]
+    failed = first_cause({rank: report for rank, report in found.items() if report[0] is not True})
+    if failed is not None:
+        rank, (ok, value) = failed
+        if ok is None:
+            raise NotAnswered(value)
+        if ok == "wrong":
+            raise Wrong(value)
+        raise CourseError(f"rank {rank} failed: {value}")
+    return [found[r][1] for r in range(world)]
+
+
+PEER_GRACE_S = 3.0
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "connectFullMesh")
+
+
+def first_cause(failures: dict):
+    """The failure to report among ``{rank: (ok, message)}``: an unanswered or wrong answer first, then a
+    rank's own error, and a rank that only lost its peer (gloo's "Connection closed by peer") last."""
+
+    def rank_order(item):
+        rank, (ok, value) = item
+        kind = 0 if ok is None else 1 if ok == "wrong" else 3 if any(s in value for s in PEER_GONE) else 2
+        return kind, rank
+
+    return min(failures.items(), key=rank_order, default=None)
