@@ -60,6 +60,12 @@ class Profile:
             return smoke
         return cpu
 
+    def knob(self, name: str, value, *, cpu, gpu=_MISSING, smoke=None, lo: int = 1, hi: int | None = None) -> int:
+        """A whole-number parameter: ``value`` when the learner set one, else the profile's choice, checked
+        against ``[lo, hi]``: ``STEPS = profile.knob("STEPS", STEPS, cpu=48, smoke=4, gpu=200)``."""
+        chosen = self.pick(cpu, gpu=gpu, smoke=smoke) if value is None else value
+        return check_int(name, chosen, lo, hi)
+
     def summary(self) -> dict:
         """A plain dict for tables and the run report."""
         return {

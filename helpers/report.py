@@ -35,18 +35,19 @@ def _fmt(value) -> str:
 
 
 def record(name: str, value, unit: str = "", note: str = "") -> None:
-    """Show ``name = value unit`` and mark it as a metric of this notebook's run."""
+    """Mark ``name = value unit`` as a metric of this notebook's run, for the run report and the site.
+
+    It shows nothing: the sentence the learner reads carries the number. In a notebook the metric is an
+    output of its own MIME type, which JupyterLab leaves blank; outside one it is not kept.
+    """
     payload = {"name": name, "value": _plain(value), "unit": unit, "note": note}
-    text = f"📏 {name} = {_fmt(payload['value'])}{' ' + unit if unit else ''}"
     try:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
-        display({"text/plain": text, MIME: payload}, raw=True)
-    else:
-        print(text)
+        return
+    if get_ipython() is not None:
+        display({MIME: payload}, raw=True)
 
 
 def reset_gpu_peak() -> None:
@@ -59,7 +60,7 @@ def reset_gpu_peak() -> None:
 
 
 def gpu_peak(label: str) -> float | None:
-    """Record the most GPU memory this process held since :func:`reset_gpu_peak`, summed over every GPU it
+    """Record and say the most GPU memory this process held since :func:`reset_gpu_peak`, summed over every GPU it
     sees (a model placed with device_map lies on several), as ``<label>_gpu_peak_gib``; nothing without
     CUDA. Returns the value in GiB, or None. Each device's peak may fall at another moment, so the sum is an
     upper bound on what was held at once."""
@@ -71,6 +72,7 @@ def gpu_peak(label: str) -> float | None:
     peak = sum(torch.cuda.max_memory_allocated(d) for d in range(count)) / 2**30
     where = f"summed over {count} GPUs" if count > 1 else "one GPU"
     record(f"{label}_gpu_peak_gib", peak, "GiB", note=f"torch.cuda.max_memory_allocated since the reset, {where}")
+    print(f"The most GPU memory held since the reset: {peak:.2f} GiB ({where}).")
     return peak
 
 

@@ -186,3 +186,14 @@ def test_seeds_are_a_short_list_of_different_whole_numbers():
             CourseError, match=r"SEEDS = .* must be a list of 1 to 10 different whole numbers"
         ):
             profiles.check_seeds("SEEDS", bad)
+
+
+def test_knob_takes_the_learners_value_or_the_profiles_and_checks_its_range():
+    cpu, smoke = profiles.resolve("cpu"), profiles.resolve("smoke")
+    assert cpu.knob("STEPS", None, cpu=48, smoke=4, gpu=200) == 48
+    assert smoke.knob("STEPS", None, cpu=48, smoke=4, gpu=200) == 4
+    assert smoke.knob("STEPS", 7, cpu=48, smoke=4, gpu=200) == 7  # the learner's value wins
+    with pytest.raises(CourseError, match=r"STEPS = 0 is out of range; use a whole number from 1 to 9"):
+        cpu.knob("STEPS", 0, cpu=48, gpu=200, hi=9)
+    with pytest.raises(TypeError, match="no gpu= value"):
+        cpu.knob("STEPS", None, cpu=48)

@@ -6,9 +6,17 @@ from course import metrics
 from helpers import report
 
 
-def test_record_prints_outside_jupyter_and_collect_keeps_the_last_value(capsys):
+def test_record_shows_nothing_and_collect_keeps_the_last_value(capsys, monkeypatch):
+    import IPython
+    import IPython.display
+
+    report.record("loss", np.float32(0.25), "nats")  # outside Jupyter: nothing printed, nothing kept
+    assert capsys.readouterr().out == ""
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append(data))
     report.record("loss", np.float32(0.25), "nats")
-    assert capsys.readouterr().out.strip() == "📏 loss = 0.25 nats"
+    assert shown == [{report.MIME: {"name": "loss", "value": 0.25, "unit": "nats", "note": ""}}]  # no text/plain
     first = {report.MIME: {"name": "loss", "value": 1.0, "unit": "", "note": ""}}
     later = {report.MIME: {"name": "loss", "value": 0.5, "unit": "", "note": ""}}
     other = {report.MIME: {"name": "steps", "value": 3, "unit": "", "note": ""}}
@@ -68,7 +76,7 @@ def test_gpu_peak_records_only_where_cuda_ran(monkeypatch, capsys):
     fake.install(monkeypatch)
     fake.peaks[0] = 3 * 2**30
     assert report.gpu_peak("07") == 3.0
-    assert "07_gpu_peak_gib = 3" in capsys.readouterr().out
+    assert capsys.readouterr().out == "The most GPU memory held since the reset: 3.00 GiB (one GPU).\n"
 
 
 def test_gpu_peak_starts_at_the_reset_and_sums_every_device(monkeypatch):
