@@ -61,12 +61,37 @@ def _mean(values, indices) -> float:
     return sum(values[i] for i in indices) / len(indices) if indices else float("nan")
 
 
+def spread_ms(seconds: list[float]) -> tuple[float, float, float]:
+    """Median, lower and upper quartile of step times, in milliseconds: the middle half of the steps lies
+    between the quartiles (one step: all three are that step)."""
+    ms = sorted(s * 1e3 for s in seconds)
+    if len(ms) < 2:
+        return ms[0], ms[0], ms[0]
+    q1, median, q3 = statistics.quantiles(ms, n=4, method="inclusive")
+    return median, q1, q3
+
+
+def verdict(a: str, a_ms: tuple[float, float, float], b: str, b_ms: tuple[float, float, float]) -> str:
+    """Which of two timed runs was faster, as a finding only when their middle halves do not overlap.
+
+    ``a_ms`` and ``b_ms`` are :func:`spread_ms` triples. Overlapping quartile ranges mean the medians'
+    difference is smaller than how much single steps move: "within the spread: not a finding".
+    """
+    (ma, lo_a, hi_a), (mb, lo_b, hi_b) = a_ms, b_ms
+    ratio = max(ma, mb) / min(ma, mb)
+    if hi_a < lo_b or hi_b < lo_a:
+        faster = a if ma < mb else b
+        return f"{faster} faster by {ratio:.2f}x, outside the spread of single steps"
+    return f"medians {ratio:.2f}x apart, within the spread of single steps: not a finding"
+
+
 def step_times(spec: ModelSpec, batch: int, k_max: int, steps: int, warmup: int = 1) -> list[dict]:
     """Median wall time of one training step: one device (plain PyTorch), then K = 1..k_max threads.
 
     Every configuration gets the same global batch. The configurations take turns, one step each,
-    so a machine that gets busier or quieter meanwhile affects them all alike. Each threaded row also
-    carries the wall time of the forward and backward phases and the CPU time their threads used.
+    so a machine that gets busier or quieter meanwhile affects them all alike. Each row carries the
+    quartiles of its step times (``q1 ms``, ``q3 ms``: the middle half of the steps); each threaded row
+    also the wall time of the forward and backward phases and the CPU time their threads used.
     """
     x, y = make_batch(spec, batch)
     model = make_model(spec)
@@ -100,6 +125,8 @@ def step_times(spec: ModelSpec, batch: int, k_max: int, steps: int, warmup: int 
             "config": "one device",
             "K": 0,
             "step ms": statistics.median(walls[0]) * 1e3,
+            "q1 ms": spread_ms(walls[0])[1],
+            "q3 ms": spread_ms(walls[0])[2],
             "fwd+bwd wall ms": "",
             "fwd+bwd thread CPU ms": "",
         }
@@ -110,6 +137,8 @@ def step_times(spec: ModelSpec, batch: int, k_max: int, steps: int, warmup: int 
                 "config": f"K={k} threads",
                 "K": k,
                 "step ms": statistics.median(walls[k]) * 1e3,
+                "q1 ms": spread_ms(walls[k])[1],
+                "q3 ms": spread_ms(walls[k])[2],
                 "fwd+bwd wall ms": statistics.median(phase_walls[k]) * 1e3,
                 "fwd+bwd thread CPU ms": statistics.median(phase_cpus[k]) * 1e3,
             }
@@ -313,7 +342,7 @@ def plot_burden(rows: list[dict]):
 
 
 def plot_step_times(results: dict[str, list[dict]]):
-    """Step time against K for each model: milliseconds, speed-up over one device, and how many
+    """Step time against K for each model: milliseconds (median and quartiles), speed-up over one device, and how many
     threads were computing at once (their CPU time over the wall time of forward + backward)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -322,15 +351,22 @@ def plot_step_times(results: dict[str, list[dict]]):
     for name, rows in results.items():
         one, threaded = rows[0]["step ms"], rows[1:]
         ks = [r["K"] for r in threaded]
-        (line,) = left.plot(ks, [r["step ms"] for r in threaded], marker="o", label=name)
+        ms = [r["step ms"] for r in threaded]
+        quartiles = [
+            [m - r["q1 ms"] for m, r in zip(ms, threaded, strict=True)],
+            [r["q3 ms"] - m for m, r in zip(ms, threaded, strict=True)],
+        ]
+        line = left.errorbar(ks, ms, yerr=quartiles, marker="o", capsize=3, label=name).lines[0]
         left.axhline(one, ls=":", lw=1, color=line.get_color())
+        left.axhspan(rows[0]["q1 ms"], rows[0]["q3 ms"], color=line.get_color(), alpha=0.12, lw=0)
         middle.plot(ks, [one / r["step ms"] for r in threaded], marker="o", label=name)
         ratio = [r["fwd+bwd thread CPU ms"] / r["fwd+bwd wall ms"] for r in threaded]
         right.plot(ks, ratio, marker="o", label=name)
     left.set_yscale("log")
     left.yaxis.set_major_formatter(ScalarFormatter())
     left.yaxis.set_minor_formatter(NullFormatter())
-    left.set_ylabel("ms per step (median; dotted: one device)")
+    left.set_ylabel("ms per step (median; bars: middle half)")
+    left.set_title("dotted line and band: one device", fontsize=10)
     middle.axhline(1, color="black", lw=1)
     middle.set_ylabel("speed-up over one device (>1 is faster)")
     right.set_ylabel("threads' CPU time / wall time")

@@ -375,10 +375,11 @@ AUTOCAST_BF16_ADAM = Recipe(
     master_weights=0,
     adam_moments=8,
 )
-# bf16 weights and gradients with an fp32 master copy in the optimizer: DeepSpeed's and Megatron's recipe.
+# bf16 weights and gradients with an fp32 master copy in the optimizer: DeepSpeed's "bf16" mode with its
+# defaults (gradients accumulated and all-reduced in bf16). Megatron-LM differs: its gradients are fp32.
 BF16_MIXED_ADAM = Recipe(
     "bf16_mixed_adam",
-    "bf16 mixed-precision Adam (DeepSpeed, Megatron)",
+    "bf16 mixed-precision Adam (DeepSpeed bf16)",
     weights=2,
     gradients=2,
     master_weights=4,

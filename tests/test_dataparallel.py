@@ -163,8 +163,34 @@ def test_burden_and_step_times_measure_every_k():
     assert [r["K"] for r in times] == [0, 1, 2]
     assert all(r["step ms"] > 0 for r in times)
     assert all(r["fwd+bwd wall ms"] > 0 and r["fwd+bwd thread CPU ms"] > 0 for r in times[1:])
+    assert all(r["q1 ms"] <= r["step ms"] <= r["q3 ms"] for r in times)
     dp_costs.plot_burden(rows)
     dp_costs.plot_step_times({"tiny": times})
+
+
+def test_spread_is_median_and_quartiles_in_ms():
+    assert dp_costs.spread_ms([0.004, 0.001, 0.002, 0.003, 0.005]) == pytest.approx((3.0, 2.0, 4.0))
+    assert dp_costs.spread_ms([0.002]) == (2.0, 2.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "said"),
+    [
+        ((10, 9, 11), (20, 18, 22), "A faster by 2.00x, outside the spread"),
+        ((20, 18, 22), (10, 9, 11), "B faster by 2.00x, outside the spread"),
+        ((10, 8, 13), (10.5, 9, 14), "within the spread of single steps: not a finding"),
+        ((10, 9, 12), (11, 10, 13), "within the spread"),  # 10% apart, but the middle halves overlap
+    ],
+)
+def test_a_difference_is_a_finding_only_outside_the_spread(a, b, said):
+    assert said in dp_costs.verdict("A", a, "B", b)
+
+
+def test_the_schematic_draws_both_data_flows():
+    fig = dp.plot_schematic(3)
+    left, right = fig.axes
+    assert "DataParallel" in left.get_title() and "DDP" in right.get_title()
+    assert "Schematic" in fig._suptitle.get_text()
 
 
 def test_threaded_training_equals_one_device_training():
