@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from helpers.dataparallel import STEP_COLORS
 from helpers.plots import PALETTE
 
 SCHEMATIC = "schematic, not measured"
@@ -131,5 +132,95 @@ def plot_overlap(compute: list[float], comm: list[float]):
         ax.set_title(("overlapped: each bucket's all-reduce starts when its gradients exist" if overlap else
                       "no overlap: every all-reduce waits for the end of backward") + f" (ends at {end:g})", fontsize=9)
     axes[-1].set_xlabel(f"time, arbitrary units ({SCHEMATIC})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_dp_vs_ddp(k: int = 3):
+    """A schematic, not a measurement: DataParallel's data flow (one process, dev0 in the middle of every
+    step) beside DDP's (one process per device, gradients all-reduced among equals)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.6))
+    xs = [1.5 + 2.2 * d for d in range(k)]
+
+    def box(ax, x, y, text, color, w=1.9):
+        ax.text(
+            x,
+            y,
+            text,
+            ha="center",
+            va="center",
+            fontsize=8.5,
+            wrap=True,
+            bbox={"boxstyle": "round,pad=0.35", "fc": color, "ec": "none", "alpha": 0.35},
+        )
+
+    def arrow(ax, x0, y0, x1, y1, color="black"):
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops={"arrowstyle": "->", "color": color, "lw": 1.1})
+
+    def note(ax, y, text):
+        ax.text(xs[-1] + 1.3, y, text, ha="left", va="center", fontsize=8.5, style="italic")
+
+    # DataParallel: dev0 starts, gathers and finishes every step; only forward and backward run everywhere
+    rows = {"batch": 9.0, "fwd": 7.2, "loss": 5.6, "bwd": 4.0, "upd": 2.4}
+    box(left, xs[0], rows["batch"], "batch + weights\n(dev0)", STEP_COLORS["scatter inputs"])
+    for d, x in enumerate(xs):
+        box(left, x, rows["fwd"], f"forward\nthread dev{d}", STEP_COLORS["parallel forward"])
+        box(left, x, rows["bwd"], f"backward\nthread dev{d}", STEP_COLORS["parallel backward"])
+        arrow(left, xs[0], rows["batch"] - 0.45, x, rows["fwd"] + 0.45)  # 1-2 scatter, replicate
+        arrow(left, x, rows["fwd"] - 0.45, xs[0] + 0.2 * d, rows["loss"] + 0.35)  # 4 gather
+        arrow(left, xs[0] + 0.2 * d, rows["loss"] - 0.35, x, rows["bwd"] + 0.45)  # 6 loss gradient
+        arrow(
+            left, x, rows["bwd"] - 0.45, xs[0] + 0.2 * d, rows["upd"] + 0.35, STEP_COLORS["reduce gradients"]
+        )
+    box(left, xs[0], rows["loss"], "gathered outputs, loss\n(dev0)", STEP_COLORS["loss on main"])
+    box(left, xs[0], rows["upd"], "gradients summed,\noptimizer step (dev0)", STEP_COLORS["update"])
+    note(left, rows["batch"] - 0.9, "1 scatter inputs\n2 replicate model\n(every step)")
+    note(left, rows["fwd"] - 0.9, "4 gather outputs\nto dev0")
+    note(left, rows["loss"] - 0.8, "6 loss gradient\nback to each device")
+    note(left, rows["bwd"] - 0.9, "8 reduce gradients\nto dev0")
+    left.set_title("DataParallel: one process, one thread per device", fontsize=11)
+
+    # DDP: every process loads its own shard and steps its own optimizer; only the gradients travel
+    for d, x in enumerate(xs):
+        box(right, x, rows["batch"], f"process (rank) {d}\nits own shard", PALETTE[d % len(PALETTE)])
+        box(right, x, rows["fwd"], "forward", STEP_COLORS["parallel forward"])
+        box(right, x, rows["bwd"], "backward", STEP_COLORS["parallel backward"])
+        box(right, x, rows["upd"], "own optimizer\nstep", STEP_COLORS["update"])
+        for a, b in (("batch", "fwd"), ("fwd", "bwd"), ("bwd", "upd")):
+            arrow(right, x, rows[a] - 0.5, x, rows[b] + 0.45)
+    for d in range(k - 1):  # the all-reduce: neighbours exchange, no device is the main one
+        right.annotate(
+            "",
+            (xs[d + 1] - 0.55, rows["bwd"]),
+            (xs[d] + 0.55, rows["bwd"]),
+            arrowprops={"arrowstyle": "<->", "color": STEP_COLORS["reduce gradients"], "lw": 1.4},
+        )
+    right.annotate(
+        "",
+        (xs[-1], rows["bwd"] - 0.35),
+        (xs[0], rows["bwd"] - 0.35),
+        arrowprops={
+            "arrowstyle": "<->",
+            "color": STEP_COLORS["reduce gradients"],
+            "lw": 1.4,
+            "connectionstyle": "arc3,rad=0.12",
+        },
+    )
+    right.text(
+        xs[k // 2],
+        rows["bwd"] + 0.75,
+        "all-reduce of the gradients (averaged),\noverlapping the backward pass",
+        ha="center",
+        bbox={"fc": "white", "ec": "none"},
+        fontsize=8.5,
+        color=STEP_COLORS["reduce gradients"],
+    )
+    note(right, rows["batch"], "weights broadcast\nfrom rank 0 once,\nwhen DDP wraps\nthe model")
+    right.set_title("DDP: one process per device", fontsize=11)
+    for ax in (left, right):
+        ax.set_xlim(0, xs[-1] + 3.6)
+        ax.set_ylim(1.5, 10)
+        ax.axis("off")
+    fig.suptitle("Schematic (drawn, not measured): where the data goes in one training step")
     fig.tight_layout()
     return fig

@@ -186,13 +186,6 @@ def test_a_difference_is_a_finding_only_outside_the_spread(a, b, said):
     assert said in dp_costs.verdict("A", a, "B", b)
 
 
-def test_the_schematic_draws_both_data_flows():
-    fig = dp.plot_schematic(3)
-    left, right = fig.axes
-    assert "DataParallel" in left.get_title() and "DDP" in right.get_title()
-    assert "Schematic" in fig._suptitle.get_text()
-
-
 def test_threaded_training_equals_one_device_training():
     threaded, t1 = dp_costs.train_threaded(SPEC, BATCH, steps=3, k=2)
     single, t2 = dp_costs.train_single_device(SPEC, BATCH, steps=3)

@@ -41,3 +41,10 @@ def test_the_figures_say_they_are_schematic():
     assert sum("full" in t.get_text() for t in ax.texts) == 3  # one launch per bucket
     fig = schematics.plot_overlap([1, 1], [1, 1])
     assert "schematic" in fig.axes[-1].get_xlabel()
+
+
+def test_the_schematic_draws_both_data_flows():
+    fig = schematics.plot_dp_vs_ddp(3)
+    left, right = fig.axes
+    assert "DataParallel" in left.get_title() and "DDP" in right.get_title()
+    assert "Schematic" in fig._suptitle.get_text()
