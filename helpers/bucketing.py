@@ -13,23 +13,27 @@ def timing_widths(width: int, depth: int) -> list[int]:
     return [width // 2, 2 * width] + [width] * depth + [width // 4, 10]
 
 
-def expected_buckets(sizes, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
+def expected_buckets(sizes, cap_bytes: int, first_cap_bytes: int | None = None, kinds=None) -> list[list[int]]:
     """DDP's packing rule, for parameter byte sizes listed in the order their gradients become ready.
 
-    Parameters go into the current bucket in that order; a bucket closes as soon as it holds at least
-    its cap (the first bucket may have its own, smaller cap). Returns the indices in each bucket.
+    torch's rule (``dist._compute_bucket_assignment_by_size``): tensors go, in that order, into the open
+    bucket of their kind (``kinds[i]``, e.g. ``(dtype, device)``; one kind when None); a bucket closes as
+    soon as it holds *at least* its cap: the first bucket of each kind ``first_cap_bytes`` (when given),
+    every later one ``cap_bytes``. Buckets still open at the end go too. Returns the indices in each
+    bucket, buckets ordered by their first index, as torch orders them.
     """
-    buckets, current, filled = [], [], 0
-    for i, size in enumerate(sizes):
-        current.append(i)
-        filled += size
-        cap = first_cap_bytes if (first_cap_bytes is not None and not buckets) else cap_bytes
+    kinds = [None] * len(sizes) if kinds is None else list(kinds)
+    open_buckets, closed, count = {}, [], {}
+    for i, (size, kind) in enumerate(zip(sizes, kinds, strict=True)):
+        indices, filled = open_buckets.pop(kind, ([], 0))
+        indices, filled = [*indices, i], filled + size
+        cap = first_cap_bytes if (first_cap_bytes is not None and count.get(kind, 0) == 0) else cap_bytes
         if filled >= cap:
-            buckets.append(current)
-            current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+            closed.append(indices)
+            count[kind] = count.get(kind, 0) + 1
+        else:
+            open_buckets[kind] = (indices, filled)
+    return sorted(closed + [indices for indices, _ in open_buckets.values()], key=min)
 
 
 def parse_index_groups(text: str) -> list[list[int]]:
@@ -62,9 +66,12 @@ def bucket_summary(log) -> list[dict]:
     ]
 
 
-def predict_buckets(sizes: list[int], ready_order: list[int], cap_bytes: int) -> list[list[int]]:
-    """Parameter indices per bucket that :func:`expected_buckets` predicts, given the ready order."""
-    packed = expected_buckets([sizes[i] for i in ready_order], cap_bytes)
+def predict_buckets(
+    sizes: list[int], ready_order: list[int], cap_bytes: int, first_cap_bytes: int | None = None
+) -> list[list[int]]:
+    """Parameter indices per bucket that :func:`expected_buckets` predicts, given the ready order: DDP's
+    rebuilt buckets. ``first_cap_bytes``: 1 MiB when ``bucket_cap_mb`` was left at None, else the cap."""
+    packed = expected_buckets([sizes[i] for i in ready_order], cap_bytes, first_cap_bytes)
     return [[ready_order[i] for i in bucket] for bucket in packed]
 
 

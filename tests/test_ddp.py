@@ -28,6 +28,59 @@ def test_the_first_bucket_may_have_its_own_smaller_cap():
     assert bucketing.expected_buckets([2, 2, 2, 2, 2], 6, first_cap_bytes=2) == [[0], [1, 2, 3], [4]]
 
 
+def test_a_bucket_holds_at_least_its_cap_not_at_most():
+    # torch closes a bucket once it holds >= the cap; "close before the next tensor overflows" would give 6
+    assert bucketing.expected_buckets([40, 120, 20, 200, 4, 400], 100) == [[0, 1], [2, 3], [4, 5]]
+
+
+def _torch_assignment(tensors, cap, first_cap=None):
+    import torch.distributed as dist
+
+    limits = [cap] if first_cap is None else [first_cap, cap]
+    return dist._compute_bucket_assignment_by_size(tensors, limits)[0]
+
+
+@pytest.mark.parametrize(
+    "sizes, dtypes, cap, first_cap",
+    [
+        ([40, 120, 20, 200, 4, 400], None, 100, None),
+        ([40, 120, 20, 200, 4, 400], None, 100, 1000),
+        ([400, 4, 4, 4, 4], None, 100, 8),
+        ([8, 8, 8, 8], None, 16, None),  # exactly the cap: full
+        ([4, 4, 4], None, 10**9, None),  # never full: one bucket
+        ([4, 8, 12, 16, 20, 24], None, 0, None),  # cap 0: one tensor per bucket
+        ([40, 80, 80, 40, 12, 200, 8], ["f32", "f64", "f32", "f64", "f32", "bf16", "bf16"], 60, None),
+        ([40, 80, 80, 40, 12, 200, 8, 16], ["f32", "f64", "f32", "f64", "f32", "bf16", "bf16", "f64"], 60, 10),
+        ([1 << 20, 4096, 1 << 21, 2048, 1 << 20, 2048, 1 << 18, 512, 5120, 40][::-1], None, 25 << 20, 1 << 20),
+    ],
+)
+def test_our_packing_is_torchs(sizes, dtypes, cap, first_cap):
+    import torch
+
+    kinds = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16}
+    dtypes = [kinds[d] for d in dtypes] if dtypes else [torch.float32] * len(sizes)
+    tensors = [torch.empty(size // t.itemsize, dtype=t) for size, t in zip(sizes, dtypes, strict=True)]
+    assert [t.numel() * t.element_size() for t in tensors] == sizes
+    keys = [(t.dtype, t.device) for t in tensors]
+    ours = bucketing.expected_buckets(sizes, cap, first_cap, kinds=keys)
+    assert ours == _torch_assignment(tensors, cap, first_cap)
+
+
+def test_a_random_mix_packs_as_torch_does():
+    import random
+
+    import torch
+
+    rng = random.Random(5)
+    for _ in range(50):
+        dtypes = [rng.choice([torch.float32, torch.float64, torch.float16]) for _ in range(rng.randint(1, 14))]
+        tensors = [torch.empty(rng.choice([1, 3, 50, 700, 4000]), dtype=t) for t in dtypes]
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        cap, first = rng.choice([1, 100, 1000, 5000]), rng.choice([None, 10, 2000])
+        ours = bucketing.expected_buckets(sizes, cap, first, kinds=[(t.dtype, t.device) for t in tensors])
+        assert ours == _torch_assignment(tensors, cap, first), (sizes, dtypes, cap, first)
+
+
 def test_predicted_buckets_follow_the_gradient_ready_order():
     sizes = [40, 10, 30, 20]  # model order
     # backward makes the last parameters ready first
