@@ -282,6 +282,7 @@ EXERCISES = {
         lambda sizes, cap: bucketing.expected_buckets(sizes, cap),
         [
             (nb03._pack_strictly, "reaches its cap exactly is full"),
+            (nb03._pack_before_overflow, "holds at least the cap"),
             (lambda sizes, cap: bucketing.expected_buckets(sizes, cap)[:-1] or [[]], None),
             (lambda sizes, cap: [[i] for i in range(len(sizes))], "pack into"),
             (lambda sizes, cap: [list(range(len(sizes)))], "pack into"),

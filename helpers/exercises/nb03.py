@@ -180,7 +180,7 @@ def _buckets_answer(got, said: str) -> list[list[int]]:
 def _bucket_packing(fn):
     """A function (sizes in gradient-ready order, cap_bytes) -> lists of indices, one list per bucket."""
     rng = random.Random(3)
-    cases = [([40, 10240, 1024, 1048576, 4096, 2097152, 512, 131072], MiB)]
+    cases = [([40, 10240, 1024, 1048576, 4096, 2097152, 512, 131072], MiB), ([40, 120, 20, 200, 4, 400], 100)]
     cases += [
         ([500, 500, 1000, 1, 999, 300], 1000),
         ([MiB, MiB], MiB),
@@ -206,12 +206,20 @@ def _bucket_packing(fn):
                 f"sizes {sizes} with a cap of {cap} bytes pack into {want}, not {got}: a bucket that reaches its "
                 "cap exactly is full (close it when filled >= cap)."
             )
+        if got == _pack_before_overflow(sizes, cap):
+            raise Wrong(
+                f"sizes {sizes} with a cap of {cap} bytes pack into {want}, not {got}: torch does not keep a bucket "
+                "under its cap; it adds the tensor first and closes the bucket once it holds at least the cap."
+            )
         if got == want[:-1]:
             raise Wrong(
                 f"sizes {sizes} with a cap of {cap} bytes pack into {want}: the last, partly filled bucket goes out too."
             )
         raise Wrong(f"sizes {sizes} with a cap of {cap} bytes pack into {want}, not {got}.")
-    return True, "A bucket takes parameters in gradient-ready order and closes once it reaches its cap."
+    return True, (
+        "A bucket takes parameters in gradient-ready order and closes once it holds at least its cap, so a "
+        "bucket is usually a little over bucket_cap_mb (torch: dist._compute_bucket_assignment_by_size)."
+    )
 
 
 def _pack_strictly(sizes, cap):
@@ -223,6 +231,18 @@ def _pack_strictly(sizes, cap):
         if filled > cap:
             buckets.append(current)
             current, filled = [], 0
+    return buckets + ([current] if current else [])
+
+
+def _pack_before_overflow(sizes, cap):
+    """The packing that closes a bucket before the next tensor would overflow it: at most the cap, not torch's rule."""
+    buckets, current, filled = [], [], 0
+    for i, size in enumerate(sizes):
+        if current and filled + size > cap:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += size
     return buckets + ([current] if current else [])
 
 
