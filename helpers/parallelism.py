@@ -239,6 +239,16 @@ def ring_formula(workers: int, model_bytes: int) -> float:
     return 2 * (workers - 1) * model_bytes / workers
 
 
+def fixed_batch_step(workers: int, batch: int, sample_s: float, grad_bytes: float, link_bps: float,
+                     latency_s: float) -> dict:
+    """A model of one step at a fixed global batch, not a measurement: each worker computes batch/N samples
+    (``sample_s`` seconds each), then a ring all-reduce sends 2(N-1)/N of the gradient over its link in
+    2(N-1) messages of ``latency_s`` each. Returns the seconds of compute, of communication and in all."""
+    compute = sample_s * batch / workers
+    comm = 0.0 if workers == 1 else ring_formula(workers, grad_bytes) / link_bps + 2 * (workers - 1) * latency_s
+    return {"workers": workers, "compute s": compute, "all-reduce s": comm, "step s": compute + comm}
+
+
 def traffic(
     scheme: Callable, workers: int, numel: int, dtype=torch.float32, device="cpu", seed: int = 0
 ) -> dict:
