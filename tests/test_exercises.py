@@ -108,6 +108,183 @@ def hook_returning(value):
     return hook
 
 
+def ring_all_reduce(tensor):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(world - 1):
+            send = (rank - step + (phase == "all-gather")) % world
+            recv = (send - 1) % world
+            incoming = torch.empty_like(chunks[recv])
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, chunks[send], right), dist.P2POp(dist.irecv, incoming, left)]):
+                work.wait()
+            chunks[recv] = chunks[recv] + incoming if phase == "reduce-scatter" else incoming
+    return torch.cat(chunks)
+
+
+def ring_short_by_one(tensor):
+    """Stops the reduce-scatter a step early and skips the all-gather: world - 2 steps."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 2):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv])
+        work = dist.isend(chunks[send], (rank + 1) % world)
+        dist.recv(incoming, (rank - 1) % world)
+        work.wait()
+        chunks[recv] += incoming
+    return torch.cat(chunks)
+
+
+def ring_everyone_to_everyone(tensor):
+    """The naive all-reduce: every rank sends its whole tensor to every other rank."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    out = tensor.clone()
+    for peer in range(world):
+        if peer != rank:
+            work = dist.isend(tensor, peer)
+            incoming = torch.empty_like(tensor)
+            dist.recv(incoming, peer)
+            work.wait()
+            out += incoming
+    return out
+
+
+def ring_by_gathering(tensor):
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return sum(parts)
+
+
+def ring_in_place(tensor):
+    return tensor.copy_(ring_all_reduce(tensor))
+
+
+def ring_both_ways(tensor):
+    """Sends each chunk to both neighbours: right, then left."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for peer in {(rank + 1) % world, (rank - 1) % world} - {rank}:
+        work = dist.isend(tensor[:1].clone(), peer)
+        dist.recv(torch.empty(1, dtype=tensor.dtype), peer)
+        work.wait()
+    return ring_all_reduce(tensor)
+
+
+class TinyDDP(torch.nn.Module):
+    """The solution: hooks fill buckets, bucket i all-reduced after 0..i-1, no_sync read at forward, a callback."""
+
+    def __init__(self, module, order, cap, rule=bucketing.expected_buckets):
+        super().__init__()
+        self.module, self.world, self.require_sync, self.syncing = module, dist.get_world_size(), True, False
+        params = list(module.parameters())
+        sizes = [params[i].numel() * params[i].element_size() for i in order]
+        self.buckets = [[params[order[j]] for j in b] for b in rule(sizes, cap)]
+        self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype) for b in self.buckets]
+        self.slot = {}
+        for i, bucket in enumerate(self.buckets):
+            for p, piece in zip(bucket, self.flat[i].split([p.numel() for p in bucket]), strict=True):
+                self.slot[p] = (i, piece.view_as(p))
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def forward(self, *inputs):
+        self.syncing = torch.is_grad_enabled() and self.require_sync
+        self.missing, self.works, self.queued = [len(b) for b in self.buckets], [], False
+        return self.module(*inputs)
+
+    def ready(self, p):
+        if not self.syncing:
+            return
+        if not self.queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+            self.queued = True
+        i, view = self.slot[p]
+        torch.mul(p.grad, 1.0 / self.world, out=view)
+        self.missing[i] -= 1
+        self.launch()
+
+    def launch(self):
+        while len(self.works) < len(self.buckets) and self.missing[len(self.works)] == 0:
+            self.works.append(dist.all_reduce(self.flat[len(self.works)], async_op=True))
+
+    def finish(self):
+        for i, work in enumerate(self.works):
+            work.wait()
+            for p in self.buckets[i]:
+                p.grad.copy_(self.slot[p][1])
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.require_sync = False
+        try:
+            yield
+        finally:
+            self.require_sync = True
+
+
+class AsSoonAsFull(TinyDDP):
+    """Launches each bucket the moment it is full, whatever came before it."""
+
+    def launch(self):
+        self.works = getattr(self, "works", [])
+        for i, left in enumerate(self.missing):
+            if left == 0 and i not in self.sent:
+                self.sent.add(i)
+                self.works.append(dist.all_reduce(self.flat[i], async_op=True))
+
+    def forward(self, *inputs):
+        self.sent = set()
+        return super().forward(*inputs)
+
+    def finish(self):
+        for work in self.works:
+            work.wait()
+        for i, bucket in enumerate(self.buckets):
+            for p in bucket:
+                p.grad.copy_(self.slot[p][1])
+
+
+class SyncAtHook(TinyDDP):
+    """Reads the no_sync flag in the hook, at backward time."""
+
+    def ready(self, p):
+        self.syncing = self.require_sync
+        super().ready(p)
+
+
+class NoCallback(TinyDDP):
+    """Averaged gradients only after an explicit finish() that backward never calls."""
+
+    def ready(self, p):
+        self.queued = True
+        super().ready(p)
+
+
+class DividedByTwo(TinyDDP):
+    """Sums, then divides by 2 after the all-reduce: right on two ranks only."""
+
+    def ready(self, p):
+        if not self.syncing:
+            return
+        if not self.queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+            self.queued = True
+        i, view = self.slot[p]
+        view.copy_(p.grad)
+        self.missing[i] -= 1
+        self.launch()
+
+    def finish(self):
+        super().finish()
+        for bucket in self.buckets:
+            for p in bucket:
+                p.grad.div_(2)
+
+
+def tiny(cls, **kwargs):
+    return lambda module, order, cap: cls(module, order, cap, **kwargs)
+
+
 def accumulation_step(net, optimizer, micro_batches, sync_forward=False, scale=True, step=True):
     optimizer.zero_grad()
     for i, (x, y) in enumerate(micro_batches):
@@ -131,6 +308,50 @@ def step_then_fill(value):
                 p.fill_(value)
 
     return step
+
+
+def fp16_hook(state, bucket, dtype=torch.float16, divide="first", cast_back=True, compress=True):
+    world = dist.get_world_size()
+    if not compress:
+        return (
+            dist.all_reduce(bucket.buffer().div_(world), async_op=True)
+            .get_future()
+            .then(lambda f: f.value()[0])
+        )
+    if divide == "in float32":  # divides the float32 bucket, then casts: rounded once, not twice
+        compressed = (bucket.buffer() / world).to(dtype)
+    else:
+        compressed = bucket.buffer().to(dtype)
+        if divide == "first":
+            compressed.div_(world)
+
+    def back(fut):
+        value = fut.value()[0]
+        if divide == "after":
+            value = value.div_(world)
+        return bucket.buffer().copy_(value) if cast_back else value
+
+    return dist.all_reduce(compressed, async_op=True).get_future().then(back)
+
+
+def checkpoint(
+    path, model, optimizer, step=None, rank0=True, barrier=True, opt=True, keep_step=True, unwrap=True
+):
+    if step is not None:  # save
+        weights = (model.module if unwrap else model).state_dict()
+        state = {"model": weights, "step": step if keep_step else 0}
+        if opt:
+            state["optimizer"] = optimizer.state_dict()
+        if dist.get_rank() == 0 or not rank0:
+            checkpoints.atomic_save(state, path)
+        if barrier:
+            dist.barrier()
+        return None
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
 
 
 def epoch_orders(n, rank, world, epochs, seed=0, tell=True, offset=0):
@@ -333,6 +554,30 @@ EXERCISES = {
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
     ),
+    "03.6": Exercise(
+        ring_all_reduce,
+        [
+            (ring_by_gathering, "without dist.all_gather"),
+            (ring_everyone_to_everyone, "a ring sends 2(n - 1)"),
+            (ring_short_by_one, "got"),
+            (ring_in_place, "leave the input"),
+            (ring_both_ways, "rank 0 sent"),
+        ],
+        lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
+        bad_values=(math.nan, math.inf, "1.5", None),
+    ),
+    "03.7": Exercise(
+        tiny(TinyDDP),
+        [
+            (tiny(TinyDDP, rule=nb03._pack_before_overflow), "at least `cap` bytes"),
+            (tiny(AsSoonAsFull), "same order"),
+            (tiny(SyncAtHook), "decides at forward"),
+            (tiny(NoCallback), "differs from torch's DDP"),
+            (tiny(DividedByTwo), "differs from torch's DDP"),
+        ],
+        returns,
+        bad_values=(math.nan, "1.5", None),
+    ),
     "04.1": Exercise(
         (334, 2),
         [
@@ -394,6 +639,34 @@ EXERCISES = {
             ),
         ],
         lambda v: returns([[v]]),
+    ),
+    "04.6": Exercise(
+        fp16_hook,
+        [
+            (lambda s, b: fp16_hook(s, b, divide="never"), "twice torch's"),
+            (lambda s, b: fp16_hook(s, b, cast_back=False), "in the bucket's dtype"),
+            (lambda s, b: fp16_hook(s, b, divide="after"), "passes 65504"),
+            (lambda s, b: fp16_hook(s, b, dtype=torch.bfloat16), "bf16_compress_hook's"),
+            (lambda s, b: fp16_hook(s, b, compress=False), "nothing was compressed"),
+            (
+                lambda s, b: fp16_hook(s, b, divide="in float32"),
+                "cast the bucket to float16, divide that copy",
+            ),
+        ],
+        hook_returning,
+        bad_values=(math.nan, -math.inf, "1.5"),
+    ),
+    "04.7": Exercise(
+        checkpoint,
+        [
+            (lambda p, m, o, s=None: checkpoint(p, m, o, s, opt=False), "Adam's moments"),
+            (lambda p, m, o, s=None: checkpoint(p, m, o, s, barrier=False), "dist.barrier()"),
+            (lambda p, m, o, s=None: checkpoint(p, m, o, s, rank0=False), "Write on rank 0 only"),
+            (lambda p, m, o, s=None: checkpoint(p, m, o, s, keep_step=False), "saved after 2 steps"),
+            (lambda p, m, o, s=None: checkpoint(p, m, o, s, unwrap=False), "net.module.state_dict()"),
+        ],
+        lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
+        bad_values=(math.nan, math.inf, "2", True),
     ),
     "05.1": Exercise(
         ("nccl", 4),
@@ -565,7 +838,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.4", "03.5", "04.4"}
+ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "04.4", "04.6", "04.7"}
 
 
 def verdict(capsys, exercise, answer):

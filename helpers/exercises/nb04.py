@@ -1,4 +1,4 @@
-"""Notebook 04's exercise checkers: padded shards, all-reduce volume, resuming, accumulation, epoch orders."""
+"""Notebook 04's exercise checkers: shards, all-reduce volume, resuming, accumulation, epochs, fp16 hook, checkpoint."""
 
 from __future__ import annotations
 
@@ -193,4 +193,291 @@ def _epoch_orders(fn):
     return True, (
         "One line: sampler.set_epoch(epoch) at the top of each epoch. Every rank calls it with the same "
         "epoch, so the shards stay disjoint while the order changes."
+    )
+
+
+def _flat_grads(net):
+    import torch
+
+    return torch.cat([p.grad.detach().flatten() for p in net.parameters()])
+
+
+@checker("04.6")
+def _fp16_hook(fn):
+    """A DDP comm hook (state, bucket) -> Future: float16 compression, bit for bit as torch's
+    ``default_hooks.fp16_compress_hook``, on an ordinary step and on one whose gradients come near 65504."""
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    returned = {"none": False, "dtypes": set()}
+
+    def yours(state, bucket):
+        """The learner's hook, watched: a None is passed on unchanged, the Future's dtype is noted."""
+        future = fn(state, bucket)
+        if future is None:
+            returned["none"] = True
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+        if not isinstance(future, (torch.futures.Future, torch._C.Future)):
+            raise Wrong(
+                f"fp16_hook returned {brief(future)}; DDP needs a torch.futures.Future of the bucket."
+            )
+
+        def note(done):
+            value = done.value()
+            returned["dtypes"].add((str(value.dtype), str(bucket.buffer().dtype)))
+            return value
+
+        return future.then(note)
+
+    def bf16(state, bucket):
+        """torch's bf16_compress_hook, under another name: DDP refuses that name without CUDA and NCCL."""
+        return default_hooks.bf16_compress_hook(state, bucket)
+
+    hooks = {
+        "torch": default_hooks.fp16_compress_hook,
+        "plain": default_hooks.allreduce_hook,
+        "bf16": bf16,
+        "yours": yours,
+    }
+
+    def rank_part(rank, world):
+        out = {}
+        for case in ("ordinary", "scaled"):
+            # ordinary: each rank its own batch; scaled: one batch on both ranks, loss x (60000 / largest gradient)
+            g = torch.Generator().manual_seed(rank if case == "ordinary" else 99)
+            x, y = torch.randn(16, FEATURES, generator=g), torch.randint(0, CLASSES, (16,), generator=g)
+            scale = 1.0
+            if case == "scaled":
+                probe = toy_model(hidden=32)
+                F.cross_entropy(probe(x), y).backward()
+                scale = 60_000 / max(float(p.grad.abs().max()) for p in probe.parameters())
+            for name, hook in hooks.items():
+                net = DDP(toy_model(hidden=32))
+                net.register_comm_hook(None, hook)
+                (F.cross_entropy(net(x), y) * scale).backward()
+                out[case, name] = _flat_grads(net).tolist()  # numbers, not tensors: a tensor is passed
+        if returned["none"]:  # through shared memory, which this rank takes with it when it exits
+            raise NotAnswered("fp16_hook returned None (is a `return` missing?); DDP needs a Future.")
+        return {"grads": out, "dtypes": sorted(returned["dtypes"])}
+
+    try:
+        results = exercises.on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    for r in results:
+        r["grads"] = {key: torch.tensor(values, dtype=torch.float32) for key, values in r["grads"].items()}
+    grads = results[0]["grads"]
+    torch_ = grads["ordinary", "torch"]
+    differ_from_plain = int((torch_ != grads["ordinary", "plain"]).sum())
+    if differ_from_plain == 0 or not all(
+        bool(torch.isfinite(grads["scaled", k]).all()) for k in ("torch", "plain")
+    ):
+        raise CourseError("the check's own step does not show float16 rounding, or overflows in torch's hook")
+    dtypes = {d for r in results for d in r["dtypes"]}
+    wrong_dtype = sorted(value for value, bucket in dtypes if value != bucket)
+    if wrong_dtype:
+        return False, (
+            f"your Future holds a {wrong_dtype[0]} tensor, not one in the bucket's dtype (torch.float32). DDP "
+            "happens to cast it while copying into .grad, but a hook's result is the bucket's new value: copy it "
+            "back, as torch's decompress does with bucket.buffer().copy_(...)."
+        )
+    same = all(
+        torch.equal(r["grads"][c, "yours"], r["grads"][c, "torch"])
+        for r in results
+        for c in ("ordinary", "scaled")
+    )
+    if same:
+        return True, (
+            f"Bit for bit torch's fp16_compress_hook, half the bytes on the wire; {differ_from_plain} of "
+            f"{torch_.numel()} gradient entries differ from the uncompressed all-reduce's (float16 keeps 11 "
+            "significant bits), and dividing first kept the sum of two ~60000 gradients below 65504."
+        )
+    mine = grads["ordinary", "yours"]
+    if all(
+        torch.equal(r["grads"][c, "yours"], r["grads"][c, "plain"])
+        for r in results
+        for c in ("ordinary", "scaled")
+    ):
+        return False, (
+            "these are the gradients of the plain float32 all-reduce: nothing was compressed. Cast the bucket to "
+            "torch.float16 and all-reduce that copy, so that half the bytes travel."
+        )
+    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, 2 * torch_, rtol=1e-2, atol=1e-6):
+        return False, (
+            "your gradients are twice torch's: the all-reduce sums, so the hook must divide by "
+            "dist.get_world_size() to average (DDP does not divide when a hook is registered)."
+        )
+    if all(
+        torch.equal(r["grads"][c, "yours"], r["grads"][c, "bf16"])
+        for r in results
+        for c in ("ordinary", "scaled")
+    ):
+        return False, (
+            "these are bf16_compress_hook's gradients: torch.bfloat16 keeps 8 significant bits, torch.float16 "
+            "11 (and a smaller range). Cast to torch.float16."
+        )
+    scaled = grads["scaled", "yours"]
+    if not bool(torch.isfinite(scaled).all()):
+        return False, (
+            f"with the loss scaled so that each rank's largest gradient is about 60000, {int((~torch.isfinite(scaled)).sum())} "
+            "gradient entries came back as inf or NaN: the float16 sum of two ranks passes 65504, float16's "
+            "largest number. Divide by the world size before the all-reduce, as torch's hook does."
+        )
+    gap = max(
+        float((r["grads"][c, "yours"] - r["grads"][c, "torch"]).abs().max())
+        for r in results
+        for c in ("ordinary", "scaled")
+    )
+    count = max(
+        int((r["grads"][c, "yours"] != r["grads"][c, "torch"]).sum())
+        for r in results
+        for c in ("ordinary", "scaled")
+    )
+    return False, (
+        f"{count} gradient entries differ from fp16_compress_hook's, by up to {gap:.3g}. Do it in torch's order: "
+        "cast the bucket to float16, divide that copy by the world size, all-reduce it asynchronously, and "
+        "copy the result back into bucket.buffer() in a .then() callback."
+    )
+
+
+@checker("04.7")
+def _checkpoint(fn):
+    """A function (path, model, optimizer, step=None): with a step, save (rank 0 writes, every rank returns once
+    the file is complete); without, load into the bare model and optimizer and return the step saved.
+    Resumed training must equal straight training bit for bit, on 2 ranks with DDP and Adam."""
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    steps, saved_at = 4, 2
+    folder = Path(tempfile.mkdtemp(prefix="course-04.7-"))
+    path = folder / "latest.pt"
+
+    def train(net, optimizer, batches):
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+
+    def rank_part(rank, world):
+        g = torch.Generator().manual_seed(rank)
+        batches = [
+            (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
+            for _ in range(steps)
+        ]
+        straight = toy_model(hidden=32)
+        train(DDP(straight), torch.optim.Adam(straight.parameters(), lr=0.01), batches)
+
+        first = toy_model(hidden=32)
+        net, optimizer = DDP(first), torch.optim.Adam(first.parameters(), lr=0.01)
+        train(net, optimizer, batches[:saved_at])
+        writers = []
+        if rank != 0:  # this forked rank only: note a torch.save here, then do it
+            real_save = torch.save
+
+            def noted_save(*args, **kwargs):
+                writers.append(rank)
+                return real_save(*args, **kwargs)
+
+            torch.save = noted_save
+        else:
+            time.sleep(0.5)  # rank 0 comes late: a rank that does not wait for it finds no file
+        fn(path, net, optimizer, saved_at)
+
+        fresh = toy_model(hidden=32, seed=1)  # other weights than the run's: resuming must load them
+        fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.01)
+        try:
+            step = fn(path, fresh, fresh_optimizer)
+        except Exception as exc:
+            text = str(exc)
+            if "module." in text:
+                raise Wrong(
+                    "the checkpoint's weights are named 'module.…' (the state_dict of the DDP wrapper) and do not "
+                    "load into the bare model: save net.module.state_dict(), the model DDP wraps."
+                ) from None
+            if rank != 0 and (
+                isinstance(exc, FileNotFoundError) or "zip archive" in text or "Stream" in text
+            ):
+                raise Wrong(
+                    f"rank {rank} read the checkpoint before rank 0 had finished writing it "
+                    f"({type(exc).__name__}): after rank 0's write, every rank waits at dist.barrier()."
+                ) from None
+            raise
+        if writers:
+            raise Wrong(
+                f"rank {rank} wrote the checkpoint too: every rank holds the same state, and ranks writing one "
+                "file at once can leave it torn. Write on rank 0 only (dist.get_rank() == 0)."
+            )
+        if step is None:
+            raise NotAnswered(
+                "resuming returned None (is a `return` missing?); it returns the step the checkpoint was saved at."
+            )
+        return {
+            "step": step.tolist()
+            if isinstance(step, torch.Tensor)
+            else step,  # a tensor would leave with this rank
+            "optimizer_state": len(fresh_optimizer.state),
+            "weights_loaded": all(
+                torch.equal(a, b)
+                for a, b in zip(fresh.state_dict().values(), first.state_dict().values(), strict=True)
+            ),
+            "gap": None
+            if step != saved_at
+            else _resumed_gap(fresh, fresh_optimizer, batches[saved_at:], straight, train),
+        }
+
+    try:
+        results = exercises.on_ranks(rank_part, 2, timeout=40)
+    except CourseError as error:
+        return False, str(error)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    first = results[0]
+    step = integer(first["step"], "resuming returned", "optimizer steps")
+    if step != saved_at:
+        return False, (
+            f"resuming returned step {step}, but the checkpoint was saved after {saved_at} steps: keep the step in "
+            "the checkpoint and return it, or the run redoes (or skips) steps and their data."
+        )
+    if not all(r["weights_loaded"] for r in results):
+        return (
+            False,
+            "after resuming, the model does not hold the saved weights: load_state_dict into the model given.",
+        )
+    if not all(r["optimizer_state"] for r in results):
+        return False, (
+            "after resuming, the optimizer holds no state: Adam's moments (and its step count) decide the next "
+            "updates, so save optimizer.state_dict() and load it with optimizer.load_state_dict()."
+        )
+    gaps = [r["gap"] for r in results]
+    if not all(gap == 0 for gap in gaps):
+        return False, (
+            f"after resuming and training the remaining {steps - saved_at} steps, the weights differ from "
+            f"{steps} steps straight by up to {max(gaps, key=lambda v: v if v == v else float('inf'))!r}: save and "
+            "restore the weights, the optimizer's state and the step, all from one moment."
+        )
+    return True, (
+        f"{saved_at} steps, a checkpoint, a fresh model and optimizer, {steps - saved_at} more steps: the "
+        f"weights of {steps} steps straight, bit for bit, on every rank."
+    )
+
+
+def _resumed_gap(model, optimizer, batches, straight, train) -> float:
+    """Wrap the resumed model in DDP, train it on the batches after the checkpoint, and return the largest difference
+    from the run that never stopped."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    train(DDP(model), optimizer, batches)
+    return max(
+        float((a - b).detach().abs().max())
+        for a, b in zip(model.parameters(), straight.parameters(), strict=True)
     )
