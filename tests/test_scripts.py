@@ -35,6 +35,11 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "tiny_ddp.py": (3, ["--parts", "check", "--backend", "gloo"]),
     "ddp_practice.py": (2, ["--samples", "64", "--hidden", "32", "--batch", "8", "--epochs", "2"]),
     "ddp_settings.py": (2, ["--steps", "4"]),
+    "collectives_and_ring.py": (2, ["--largest-mib", "1", "--repeats", "2"]),
+    "inside_construction.py": (2, []),
+    "inside_buckets.py": (2, ["--caps", "0.1", "1"]),
+    "inside_collectives.py": (2, []),
+    "inside_optimizers.py": (2, ["--steps", "3"]),
 }  # fmt: skip
 
 
