@@ -239,7 +239,7 @@ class AsSoonAsFull(TinyDDP):
     def finish(self):
         for work in self.works:
             work.wait()
-        for i, bucket in enumerate(self.buckets):
+        for bucket in self.buckets:
             for p in bucket:
                 p.grad.copy_(self.slot[p][1])
 

@@ -8,7 +8,18 @@ import random
 from helpers.bucketing import ANATOMY_WIDTHS, MiB, expected_buckets
 from helpers.comm_hooks import link_finish_times, make_batch
 from helpers.errors import CourseError
-from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, items, number, on_ranks, tensors_close
+from helpers.exercises import (
+    NotAnswered,
+    Wrong,
+    brief,
+    call,
+    checker,
+    close,
+    items,
+    number,
+    on_ranks,
+    tensors_close,
+)
 from helpers.toys import mlp
 
 
