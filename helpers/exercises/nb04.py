@@ -285,23 +285,22 @@ def _fp16_hook(fn):
             "happens to cast it while copying into .grad, but a hook's result is the bucket's new value: copy it "
             "back, as torch's decompress does with bucket.buffer().copy_(...)."
         )
-    same = all(
-        torch.equal(r["grads"][c, "yours"], r["grads"][c, "torch"])
-        for r in results
-        for c in ("ordinary", "scaled")
-    )
-    if same:
+
+    def yours_equal(other: str) -> bool:  # on both steps, every rank
+        return all(
+            torch.equal(r["grads"][c, "yours"], r["grads"][c, other])
+            for r in results
+            for c in ("ordinary", "scaled")
+        )
+
+    if yours_equal("torch"):
         return True, (
             f"Bit for bit torch's fp16_compress_hook, half the bytes on the wire; {differ_from_plain} of "
             f"{torch_.numel()} gradient entries differ from the uncompressed all-reduce's (float16 keeps 11 "
             "significant bits), and dividing first kept the sum of two ~60000 gradients below 65504."
         )
     mine = grads["ordinary", "yours"]
-    if all(
-        torch.equal(r["grads"][c, "yours"], r["grads"][c, "plain"])
-        for r in results
-        for c in ("ordinary", "scaled")
-    ):
+    if yours_equal("plain"):
         return False, (
             "these are the gradients of the plain float32 all-reduce: nothing was compressed. Cast the bucket to "
             "torch.float16 and all-reduce that copy, so that half the bytes travel."
@@ -311,11 +310,7 @@ def _fp16_hook(fn):
             "your gradients are twice torch's: the all-reduce sums, so the hook must divide by "
             "dist.get_world_size() to average (DDP does not divide when a hook is registered)."
         )
-    if all(
-        torch.equal(r["grads"][c, "yours"], r["grads"][c, "bf16"])
-        for r in results
-        for c in ("ordinary", "scaled")
-    ):
+    if yours_equal("bf16"):
         return False, (
             "these are bf16_compress_hook's gradients: torch.bfloat16 keeps 8 significant bits, torch.float16 "
             "11 (and a smaller range). Cast to torch.float16."
