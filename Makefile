@@ -14,7 +14,7 @@ SHAPE_ON_CPU ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long notebooks lab refresh clean prune gpu-check lock zh book \
+.PHONY: help setup run test lint unit unit-main unit-long unit-scripts notebooks lab refresh clean prune gpu-check lock zh book \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
@@ -49,12 +49,17 @@ lint: setup
 # output follows when it ends.
 unit: setup
 	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long unit-scripts
 
 SHAPE := tests/test_gpu_shape.py
 LONG := tests/test_book.py tests/test_install.py
+SCRIPTS_TEST := tests/test_scripts.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG))
+	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST))
+
+# the scripts a learner can take away, each under plain torchrun: a launch apiece, so beside the units
+unit-scripts:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/scripts $(BIN)/python -m pytest -p no:cacheprovider -ra $(SCRIPTS_TEST)
 
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
@@ -68,7 +73,7 @@ stream-units:
 	@status=0; for part in unit-main gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; for part in gpu-shape-1 notebooks; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in gpu-shape-1 notebooks unit-scripts; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
