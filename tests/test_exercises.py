@@ -199,9 +199,12 @@ class TinyDDP(torch.nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
             self.queued = True
         i, view = self.slot[p]
-        torch.mul(p.grad, 1.0 / self.world, out=view)
+        self.copy_in(p.grad, view)
         self.missing[i] -= 1
         self.launch()
+
+    def copy_in(self, grad, view):
+        torch.mul(grad, 1.0 / self.world, out=view)  # torch scales by 1/world on the way into the bucket
 
     def launch(self):
         while len(self.works) < len(self.buckets) and self.missing[len(self.works)] == 0:
@@ -263,16 +266,8 @@ class NoCallback(TinyDDP):
 class DividedByTwo(TinyDDP):
     """Sums, then divides by 2 after the all-reduce: right on two ranks only."""
 
-    def ready(self, p):
-        if not self.syncing:
-            return
-        if not self.queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
-            self.queued = True
-        i, view = self.slot[p]
-        view.copy_(p.grad)
-        self.missing[i] -= 1
-        self.launch()
+    def copy_in(self, grad, view):
+        view.copy_(grad)
 
     def finish(self):
         super().finish()
