@@ -38,6 +38,7 @@ from helpers import (
     inference,
     lora,
     parallelism,
+    paths,
     sampling,
     scoring,
     selfcog,
@@ -413,6 +414,44 @@ def ckpt(layers, layer_mb, input_mb, checkpointed):
     return layers * input_mb + layer_mb if checkpointed else layers * layer_mb
 
 
+
+class Script(os.PathLike):
+    """A learner's script for 04.8, given as its text: written under the test's build folder when the checker
+    opens it."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __fspath__(self) -> str:
+        import hashlib
+
+        path = paths.run_dir("exercise-04.8") / f"script-{hashlib.sha1(self.text.encode()).hexdigest()[:10]}.py"
+        path.write_text(self.text)
+        return str(path)
+
+
+def _solution_04_8() -> str:
+    """The script of 04.8's solution cell, as the notebook holds it."""
+    import ast
+
+    import nbformat
+
+    [cell] = [c for c in nbformat.read(NOTEBOOKS / "04_ddp_in_practice.ipynb", as_version=4).cells if c.id == "c42p"]
+    [assign] = [n for n in ast.parse(cell.source).body if isinstance(n, ast.Assign)]
+    return ast.literal_eval(assign.value)
+
+
+SCRIPT_04_8 = _solution_04_8()
+
+
+def ddp_script(**change) -> Script:
+    """04.8's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
+    text = SCRIPT_04_8
+    for old, new in change.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return Script(text)
+
 EXERCISES = {
     "01.1": Exercise(
         combine,
@@ -663,6 +702,21 @@ EXERCISES = {
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
     ),
+    "04.8": Exercise(
+        Script(SCRIPT_04_8),
+        [
+            (ddp_script(**{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}),
+             "give the DataLoader a DistributedSampler"),
+            (ddp_script(**{"    sampler.set_epoch(epoch)": "    pass"}), "call sampler.set_epoch(epoch)"),
+            (ddp_script(**{"ddp = DDP(model)": "ddp = model"}), "wrap the model in DistributedDataParallel"),
+            (ddp_script(**{"        optimizer.zero_grad()": "        pass"}), "call optimizer.zero_grad() every step"),
+            (ddp_script(**{"torch.save(model.state_dict()": "torch.save(ddp.state_dict()"}), "ddp.module.state_dict()"),
+            (ddp_script(**{"import argparse": "import argparse\nfrom helpers import worker"}), "torch and the standard library"),
+            (ddp_script(**{"dist.barrier()": "raise RuntimeError('lost')"}), "RuntimeError: lost"),
+        ],
+        lambda v: v,
+        bad_values=(math.nan, "1.5", None, True),
+    ),
     "05.1": Exercise(
         ("nccl", 4),
         [
@@ -833,7 +887,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "04.4", "04.6", "04.7"}
+ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "04.4", "04.6", "04.7", "04.8"}
 
 
 def verdict(capsys, exercise, answer):
@@ -1036,16 +1090,21 @@ def exercise_cells():
             [name] = re.findall(r'check\("(\d\d\.\d)"', cell.source)
             learner = cells[i - 1]
             assert f'check("{name}"' in learner.source and "solution" not in learner.metadata.get("tags", [])
-            yield pytest.param(name, learner.source, cell.source, id=f"{path.name[:2]}-{name}")
+            scripts = {c.source.partition("\n")[0].split("/")[-1].strip(): c.source.partition("\n")[2]
+                       for c in cells[:i] if c.source.startswith("%%writefile")}  # fmt: skip
+            yield pytest.param(name, learner.source, cell.source, scripts, id=f"{path.name[:2]}-{name}")
 
 
-@pytest.mark.parametrize("name, learner, solution", list(exercise_cells()))
-def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(name, learner, solution, capsys):
+@pytest.mark.parametrize("name, learner, solution, scripts", list(exercise_cells()))
+def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(name, learner, solution, scripts, capsys):
     """The learner cell as committed, then the solution cell statement by statement; a statement about the
-    notebook's own run (a name in RUN_ONLY, e.g. 02.1's comparison with the traced bytes) is skipped."""
+    notebook's own run (a name in RUN_ONLY, e.g. 02.1's comparison with the traced bytes) is skipped. The
+    notebook's %%writefile scripts so far are in SCRIPTS, as the notebook's run writes them."""
     import ast
 
-    namespace = dict(NOTEBOOK_STATE)
+    namespace = dict(NOTEBOOK_STATE, SCRIPTS=paths.run_dir("scripts"))
+    for script, text in scripts.items():
+        (namespace["SCRIPTS"] / script).write_text(text)
     exec(compile(learner, f"<{name} learner cell>", "exec"), namespace)
     out = capsys.readouterr().out
     if name in STARTS_WRONG:

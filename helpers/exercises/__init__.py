@@ -88,8 +88,15 @@ class Verdict:
         pass
 
 
+SCRIPT_PLACEHOLDER = 'raise NotImplementedError("write your script here")'
+
+
 def is_placeholder(fn) -> bool:
-    """True for a function whose body is still the placeholder (``...`` or ``pass``): it returns None."""
+    """True for a function whose body is still the placeholder (``...`` or ``pass``): it returns None; and
+    for the path of a script that still holds the line :data:`SCRIPT_PLACEHOLDER`."""
+    if isinstance(fn, os.PathLike):
+        path = os.fspath(fn)
+        return os.path.isfile(path) and SCRIPT_PLACEHOLDER in open(path, encoding="utf-8").read()
     code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
     if code is None:
         return False
