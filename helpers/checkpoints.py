@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 from pathlib import Path
 
 import torch
@@ -45,35 +43,6 @@ def atomic_save(obj, path, wrap=None) -> Path:
     return path
 
 
-class KillAfterBytes:
-    """A file wrapper that lets ``limit`` bytes through, then SIGKILLs its own process: a crash mid-write."""
-
-    def __init__(self, handle, limit: int):
-        self.handle, self.limit, self.written = handle, int(limit), 0
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        room = self.limit - self.written
-        if len(data) >= room:
-            self.handle.write(data[:room])
-            self.handle.flush()  # the half-written file really is on disk when the process dies
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.handle.write(data)
-        self.written += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.handle.flush()
-
-
-def load_checkpoint(path, device="cpu"):
-    """The checkpoint at ``path``, or None when there is none yet (a half-written temp file is never read)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    return torch.load(path, map_location=device, weights_only=True)
-
-
 def try_load(path) -> tuple[bool, str]:
     """(True, what it holds) if ``path`` loads as a checkpoint, else (False, why not)."""
     try:
@@ -111,23 +80,6 @@ def load_weights(path) -> dict[str, torch.Tensor]:
 def bit_equal(a: dict, b: dict) -> bool:
     """Every tensor identical, bit for bit."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-class EventLog:
-    """JSON lines appended and flushed one by one: what was written before a SIGKILL stays on disk."""
-
-    def __init__(self, path, enabled: bool = True):
-        self.path, self.enabled = Path(path), enabled
-
-    def write(self, **event) -> None:
-        """Append one event; everything but per-step events is also printed."""
-        if not self.enabled:
-            return
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps({"time": time.time(), **event}) + "\n")
-        if event.get("event") != "step":
-            details = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "attempt"))
-            print(f"attempt {event.get('attempt', '?')}: {event.get('event')} {details}", flush=True)
 
 
 def read_events(path) -> list[dict]:

@@ -5,9 +5,8 @@ nodes on one machine, counted all-reduces, scaling, and their pictures.
 
 A complete DDP training script needs more than DDP: deterministic toys (:func:`toy_dataset`,
 :func:`toy_model`: two runs compare bit for bit), sampler shards (:mod:`helpers.sampling`), checkpoints that
-survive a killed worker (:mod:`helpers.checkpoints`), a process group that survives ``torchrun
---max-restarts`` (:func:`helpers.worker.join_group`), and a comm hook that counts what it sends
-(:class:`CommCounter`, :func:`counting_allreduce`).
+survive a killed worker (:mod:`helpers.checkpoints`), and a process group that survives ``torchrun
+--max-restarts`` (:func:`helpers.worker.join_group`).
 """
 
 from __future__ import annotations
@@ -17,10 +16,8 @@ import os
 import statistics
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from helpers.dataparallel import run_in_threads
 from helpers.errors import CourseError
 from helpers.toys import mlp
 
@@ -87,38 +84,7 @@ def node_env(profile, node_rank: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
 
 
-# --- counting what DDP sends ---------------------------------------------------------------------------------
-
-
-class CommCounter:
-    """State for :func:`counting_allreduce`: all-reduce calls and bytes, per bucket."""
-
-    def __init__(self, process_group=None):
-        self.process_group = process_group
-        self.calls = 0
-        self.bytes = 0
-        self.bucket_bytes: dict[int, int] = {}
-
-    def reset(self) -> None:
-        self.calls, self.bytes, self.bucket_bytes = 0, 0, {}
-
-    @property
-    def buckets(self) -> int:
-        return len(self.bucket_bytes)
-
-    def summary(self) -> dict:
-        return {"calls": self.calls, "bytes": self.bytes, "buckets": self.buckets}
-
-
-def counting_allreduce(state: CommCounter, bucket):
-    """A DDP communication hook: count the bucket, then do exactly what DDP's default all-reduce does."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    size = bucket.buffer().numel() * bucket.buffer().element_size()
-    state.calls += 1
-    state.bytes += size
-    state.bucket_bytes[bucket.index()] = size
-    return default_hooks.allreduce_hook(state.process_group, bucket)
+# --- what DDP sends ---------------------------------------------------------------------------------------
 
 
 def allreduce_bytes(steps: int, accum: int, grad_bytes: int, no_sync: bool) -> int:
@@ -152,62 +118,6 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def dataparallel_step(main: nn.Module, replicas: list, optimizer, x, y) -> None:
-    """One DataParallel-style step: replicate, scatter, threaded forward, gather, loss, threaded backward, reduce."""
-    k = len(replicas)
-    with torch.no_grad():
-        for replica in replicas[1:]:  # replicate: the main weights go out to every other replica
-            for mine, theirs in zip(replica.parameters(), main.parameters(), strict=True):
-                mine.copy_(theirs)
-    xs = x.tensor_split(k)  # scatter the inputs
-    outputs: list = [None] * k
-
-    def forward(d):
-        outputs[d] = replicas[d](xs[d])
-
-    run_in_threads(k, forward)
-    gathered = torch.cat([o.detach() for o in outputs]).requires_grad_()  # gather on the main replica
-    loss = F.cross_entropy(gathered, y)
-    (grad,) = torch.autograd.grad(loss, gathered)
-    grads = grad.tensor_split(k)
-
-    def backward(d):
-        outputs[d].backward(grads[d])
-
-    run_in_threads(k, backward)
-    for replica in replicas[1:]:  # reduce every replica's gradients into the main one
-        for mine, theirs in zip(main.parameters(), replica.parameters(), strict=True):
-            mine.grad.add_(theirs.grad)
-    optimizer.step()
-    for replica in replicas:
-        replica.zero_grad(set_to_none=True)
-
-
-def plain_stepper(model: nn.Module, x, y, lr: float = 1e-3):
-    """A function that does one ordinary training step of ``model`` (DDP-wrapped or not) on ``(x, y)``."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def step():
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def dataparallel_stepper(hidden: int, k: int, x, y, lr: float = 1e-3):
-    """A function that does one DataParallel-style step with ``k`` threads on the global batch ``(x, y)``.
-
-    Each step: copy the main weights into the k-1 replicas, split the batch, forward in k threads,
-    gather the outputs and compute the loss on the main replica, backward in k threads, add every
-    replica's gradients into the main one, update (the CPU stand-in of notebook 02's nine steps).
-    """
-    main = toy_model(hidden)
-    replicas = [main] + [toy_model(hidden) for _ in range(k - 1)]
-    optimizer = torch.optim.Adam(main.parameters(), lr=lr)
-    return lambda: dataparallel_step(main, replicas, optimizer, x, y)
 
 
 def machine_load() -> dict:
