@@ -31,9 +31,9 @@ One module per lesson concept, each explained in its notebook:
 - dp_costs      02: what DataParallel costs the main device, step times against K, torch's own DataParallel
 - collective    03: collectives by hand (a ring all-reduce), algbw / busbw, the alpha-beta model of a link
 - bucketing     03: how DDP's Reducer packs gradients into buckets, read back from torch
-- comm_hooks    03, 04: comm hooks that time each bucket, a simulated link, overlap measured
+- comm_hooks    03, 04: overlap read from timed steps, drawn and summarised
 - netlab        03, 04: nodes as network namespaces on a rate-limited link, for torchrun across them
-- training      04: toy data and model, the checks of a run's layout, counted all-reduces, scaling
+- training      04: toy data and model, the checks of a run's layout, all-reduce volume, scaling
 - sampling      04: DistributedSampler's shards, with and without set_epoch
 - checkpoints   04: atomic checkpoints, resumed bit for bit after a killed worker
 - selfcog       06: the self-cognition data, its placeholders and the held-out questions

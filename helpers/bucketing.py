@@ -8,11 +8,6 @@ MiB = 2**20  # DDP's bucket_cap_mb counts in these units
 ANATOMY_WIDTHS = (256, 1024, 512, 512, 128, 10)
 
 
-def timing_widths(width: int, depth: int) -> list[int]:
-    """The timing model: a wide input layer, ``depth`` square layers, a narrowing head."""
-    return [width // 2, 2 * width] + [width] * depth + [width // 4, 10]
-
-
 def expected_buckets(sizes, cap_bytes: int, first_cap_bytes: int | None = None, kinds=None) -> list[list[int]]:
     """DDP's packing rule, for parameter byte sizes listed in the order their gradients become ready.
 

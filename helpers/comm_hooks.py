@@ -1,131 +1,10 @@
-"""Communication overlapped with backward: comm hooks that time each bucket, a simulated link, and the overlap measured."""
+"""Communication overlapped with backward, measured: the timed steps of 03's inside_overlap.py as timelines, tables and sweeps."""
 
 from __future__ import annotations
 
-import contextlib
-import queue
 import statistics
-import threading
-import time
-from dataclasses import dataclass, field
 
 from helpers.bytecount import human_bytes
-from helpers.worker import sync
-
-
-class SimulatedLink:
-    """A SIMULATED network: one wire, messages in order, each taking ``latency + bytes / bandwidth``.
-
-    Nothing is sent: the future handed back to DDP completes, with the rank's own gradients unchanged,
-    once the simulated wire time is over. A worker thread plays the wire, so a message waits for the one
-    before it, as on a real link, and waiting costs no CPU, as with a real network card. Replicas are
-    not kept in sync by it: use it to measure time, not to train.
-    """
-
-    def __init__(self, bandwidth: float, latency: float = 0.0):
-        self.bandwidth, self.latency = float(bandwidth), float(latency)
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="simulated link", daemon=True)
-        self._thread.start()
-
-    def wire_seconds(self, nbytes: int) -> float:
-        return self.latency + nbytes / self.bandwidth
-
-    def send(self, buffer):
-        """Queue ``buffer`` on the wire; the returned Future completes when it has been "delivered"."""
-        import torch
-
-        done = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-        self._queue.put((buffer, done))
-        return done
-
-    def _run(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            buffer, done = item  # the wire is free now: this message starts
-            time.sleep(self.wire_seconds(buffer.numel() * buffer.element_size()))
-            done.set_result([buffer])
-
-    def close(self):
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-
-
-@dataclass
-class HookLog:
-    """The state a timing comm hook writes into: one record per bucket all-reduce."""
-
-    names: dict  # parameter -> its name
-    world: int
-    link: SimulatedLink | None = None
-    records: list = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @classmethod
-    def of(cls, module, world: int, link: SimulatedLink | None = None) -> HookLog:
-        return cls({p: n for n, p in module.named_parameters()}, world, link)
-
-    def reset(self) -> None:
-        self.records = []
-
-    def send(self, index: int, params: list[str], buffer):
-        """Average ``buffer`` over the ranks (with a simulated link: only wait), logging when it was ready and done."""
-        import torch.distributed as dist
-
-        entry = {
-            "bucket": index,
-            "params": params,
-            "bytes": buffer.numel() * buffer.element_size(),
-            "ready": time.perf_counter(),
-            "done": None,
-        }
-        with self._lock:
-            self.records.append(entry)
-        if self.link is not None:  # SIMULATED: nothing travels, only time passes
-            fut = self.link.send(buffer)
-        else:
-            buffer.div_(self.world)  # sum of (g / n) over n ranks = the average gradient
-            fut = dist.all_reduce(buffer, async_op=True).get_future()
-
-        def finished(f):
-            entry["done"] = time.perf_counter()
-            return f.value()[0]
-
-        return fut.then(finished)
-
-
-def timed_allreduce_hook(state: HookLog, bucket):
-    """A DDP comm hook: average the bucket like DDP's default hook, and log which parameters it held,
-    how many bytes, when backward made it ready and when its all-reduce finished."""
-    params = [state.names[p] for p in bucket.parameters()]
-    return state.send(bucket.index(), params, bucket.buffer())
-
-
-def allreduce_after_backward(log: HookLog, buckets: list[list]):
-    """The no-overlap baseline: after backward has finished, average every gradient, bucket by bucket.
-
-    ``buckets``: lists of parameters, the same grouping DDP used, so only the timing differs.
-    """
-    import torch
-
-    pending = []
-    for index, params in enumerate(buckets):
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        pending.append((params, flat, log.send(index, [log.names[p] for p in params], flat)))
-    for params, flat, fut in pending:
-        fut.wait()
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-
-def buckets_from_log(log: HookLog, module) -> list[list]:
-    """The parameters of each bucket, as the hook last saw them, in bucket order."""
-    by_name = dict(module.named_parameters())
-    return [[by_name[n] for n in r["params"]] for r in sorted(log.records, key=lambda r: r["bucket"])]
 
 
 def make_batch(widths, batch: int, rank: int, device):
@@ -136,53 +15,6 @@ def make_batch(widths, batch: int, rank: int, device):
     x = torch.randn(batch, widths[0], generator=g).to(device)
     y = torch.randn(batch, widths[-1], generator=g).to(device)
     return x, y
-
-
-def timed_step(net, x, y, optimizer, log: HookLog, *, overlap: bool = True, buckets=None) -> dict:
-    """One training step with timestamps: forward, backward (with or without overlap), optimizer step.
-
-    overlap=True: DDP as usual, the hook starts each bucket's all-reduce while backward continues.
-    overlap=False: backward under ``no_sync()`` (no communication), then every bucket is all-reduced.
-    On a GPU the hook's clock readings are when the host queued the work, so the per-bucket times are
-    approximate there; the step times are synchronised and exact.
-    """
-    import torch.nn.functional as F
-
-    device = x.device
-    log.reset()
-    # no_sync() must cover the forward too: DDP decides in forward whether backward will communicate
-    quiet = contextlib.nullcontext() if overlap else net.no_sync()
-    sync(device)
-    t0 = time.perf_counter()
-    with quiet:
-        loss = F.mse_loss(net(x), y)
-        sync(device)
-        t1 = time.perf_counter()
-        loss.backward()  # with overlap, the hook fires bucket by bucket while this runs
-        sync(device)
-    if overlap:
-        comm_end = time.perf_counter()
-        backward_end = max(r["ready"] for r in log.records)  # the last gradient made its bucket ready
-    else:
-        backward_end = time.perf_counter()
-        allreduce_after_backward(log, buckets)
-        sync(device)
-        comm_end = time.perf_counter()
-    optimizer.step()
-    optimizer.zero_grad()
-    sync(device)
-    t3 = time.perf_counter()
-    return {
-        "overlap": overlap,
-        "start": t0,
-        "forward_end": t1,
-        "backward_end": backward_end,
-        "comm_end": comm_end,
-        "end": t3,
-        "seconds": t3 - t0,
-        "backward_seconds": backward_end - t1,
-        "buckets": [dict(r) for r in sorted(log.records, key=lambda r: r["bucket"])],
-    }
 
 
 def step_spans(step: dict, wire_seconds=None) -> list[dict]:
@@ -221,10 +53,10 @@ def comm_during_backward(step: dict) -> float:
     lo, hi = step["forward_end"], step["backward_end"]
     spans = sorted((max(b["ready"], lo), min(b["done"], hi)) for b in step["buckets"])
     covered, reach = 0.0, lo
-    for init_rank, end in spans:
-        init_rank = max(init_rank, reach)
-        if end > init_rank:
-            covered += end - init_rank
+    for start, end in spans:
+        start = max(start, reach)
+        if end > start:
+            covered += end - start
             reach = end
     return covered
 

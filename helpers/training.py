@@ -1,7 +1,7 @@
-"""DDP training in practice (DDP 训练实战): notebook 04's toys, run-layout checks, counted all-reduces, scaling.
+"""DDP training in practice (DDP 训练实战): notebook 04's toys, run-layout checks, all-reduce volume, scaling.
 
 DDP training in practice (DDP 训练实战): notebook 04's toy data and model, the checks of a run's layout,
-nodes on one machine, counted all-reduces, scaling, and their pictures.
+nodes on one machine, all-reduce volume, scaling, and their pictures.
 
 A complete DDP training script needs more than DDP: deterministic toys (:func:`toy_dataset`,
 :func:`toy_model`: two runs compare bit for bit), sampler shards (:mod:`helpers.sampling`), checkpoints that

@@ -1,16 +1,19 @@
-"""Lesson 03's helpers: bucket packing, bandwidth maths, the simulated wire, checkers, and (two gloo
-ranks) the hand-written ring all-reduce and DDP's own buckets."""
+"""Lesson 03's helpers: bucket packing, bandwidth maths, the simulated wire and timed hook of the
+notebook's inside_overlap.py, checkers, and (two gloo ranks) the hand-written ring all-reduce and DDP's
+own buckets."""
 
 import textwrap
 import threading
 import time
 
 import pytest
+from test_scripts import SCRIPTS, load_script
 
 from helpers import bucketing, bytecount, collective, comm_hooks, compare, exercises, launching, toys
 from helpers.errors import CourseError
 
 MiB = bucketing.MiB
+overlap_script = load_script("inside_overlap.py")  # the simulated link, timed hook and timed step live there
 
 
 # --- bucket packing -------------------------------------------------------------------------------
@@ -181,7 +184,7 @@ def test_typical_step_is_the_one_nearest_the_median():
 def test_the_simulated_link_delivers_in_order_after_its_wire_time():
     import torch
 
-    link = comm_hooks.SimulatedLink(bandwidth=4 * 1000 / 0.05, latency=0.01)  # 1000 floats: 0.06 s each
+    link = overlap_script.SimulatedLink(bandwidth=4 * 1000 / 0.05, latency=0.01)  # 1000 floats: 0.06 s each
     try:
         arrived = []
         start = time.perf_counter()
@@ -209,7 +212,11 @@ def test_the_models_and_their_fingerprints():
     with __import__("torch").no_grad():
         next(b.parameters())[0, 0] += 1e-6
     assert compare.fingerprint(a) != compare.fingerprint(b)
-    assert bucketing.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
+    # inside_overlap.py carries its own copies, torch only: they build, hash and feed the same model
+    assert overlap_script.timing_widths(512, 3) == [256, 1024, 512, 512, 512, 128, 10]
+    assert overlap_script.fingerprint(overlap_script.mlp([4, 8, 2], seed=0)) == compare.fingerprint(a)
+    mine, course = overlap_script.make_batch([4, 2], 3, 1, "cpu"), comm_hooks.make_batch([4, 2], 3, 1, "cpu")
+    assert all(m.equal(c) for m, c in zip(mine, course, strict=True))
 
 
 def test_show_source_returns_the_source(capsys):
@@ -231,7 +238,8 @@ SCRIPT = textwrap.dedent(
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers import bucketing, bytecount, collective, comm_hooks, compare, exercises, toys, worker
+    import inside_overlap  # the notebook's script, written beside this one
+    from helpers import bucketing, collective, comm_hooks, compare, toys, worker
     from helpers.worker import exit_together, save_result
 
     me = worker.init_rank("gloo")
@@ -242,12 +250,12 @@ SCRIPT = textwrap.dedent(
         dist.all_reduce(library)
         ring.append(torch.equal(collective.ring_all_reduce(data.clone()), library))
 
-    x, y = comm_hooks.make_batch(bucketing.ANATOMY_WIDTHS, 4, me.rank, me.device)
+    x, y = inside_overlap.make_batch(bucketing.ANATOMY_WIDTHS, 4, me.rank, me.device)
     buckets = {}
     for cap in (0.1, 1.0):
         net = DDP(toys.mlp(bucketing.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=cap)
-        log = comm_hooks.HookLog.of(net.module, me.world)
-        net.register_comm_hook(log, comm_hooks.timed_allreduce_hook)
+        log = inside_overlap.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, inside_overlap.timed_allreduce_hook)
         for _ in range(3):
             log.reset()
             F.mse_loss(net(x), y).backward()
@@ -256,11 +264,11 @@ SCRIPT = textwrap.dedent(
     prints = {}
     for overlap in (True, False):  # one step each way from the same start: the same update
         net = DDP(toys.mlp(bucketing.ANATOMY_WIDTHS, seed=0), bucket_cap_mb=1.0)
-        log = comm_hooks.HookLog.of(net.module, me.world)
-        net.register_comm_hook(log, comm_hooks.timed_allreduce_hook)
+        log = inside_overlap.HookLog.of(net.module, me.world)
+        net.register_comm_hook(log, inside_overlap.timed_allreduce_hook)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-        comm_hooks.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
-        s = comm_hooks.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=comm_hooks.buckets_from_log(log, net.module))
+        inside_overlap.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
+        s = inside_overlap.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=inside_overlap.buckets_from_log(log, net.module))
         prints[overlap] = compare.fingerprint(net.module)
         assert (comm_hooks.comm_during_backward(s) > 0) == overlap
     save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": worker.gather_objects(me.rank)})
@@ -276,6 +284,7 @@ def two_ranks(tmp_path_factory):
     mp.setenv("COURSE_BUILD_DIR", str(folder / "build"))
     script = folder / "ddp_under_test.py"
     script.write_text(SCRIPT)
+    (folder / "inside_overlap.py").write_text(SCRIPTS["inside_overlap.py"])
     try:
         yield launching.torchrun(script, nproc=2, timeout=120, show=False)
     finally:
@@ -311,7 +320,7 @@ def test_overlap_and_the_no_overlap_baseline_make_the_same_update(two_ranks):
 def test_the_link_thread_does_not_block_the_caller():
     import torch
 
-    link = comm_hooks.SimulatedLink(bandwidth=8.0, latency=0.0)  # 4 bytes take half a second
+    link = overlap_script.SimulatedLink(bandwidth=8.0, latency=0.0)  # 4 bytes take half a second
     try:
         t = time.perf_counter()
         fut = link.send(torch.zeros(1))

@@ -1,12 +1,14 @@
 """The scripts a lesson writes with ``%%writefile`` and launches with torchrun. Those on ``TAKE_AWAY`` are
-meant to leave the course: each imports torch and the standard library only, runs under plain ``torchrun``
-in an empty folder with nothing of the course around it, and writes its own ``results/rank<N>.json``."""
+meant to leave the course: each imports torch, the standard library and other written scripts only, runs
+under plain ``torchrun`` in an empty folder holding nothing but itself and the scripts it imports, and writes
+its own ``results/rank<N>.json``."""
 
 import ast
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import nbformat
@@ -40,6 +42,12 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "inside_buckets.py": (2, ["--caps", "0.1", "1"]),
     "inside_collectives.py": (2, []),
     "inside_optimizers.py": (2, ["--steps", "3"]),
+    "inside_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
+                              "--sweep-caps", "0.01", "1"]),
+    "inside_ddp.py": (2, ["--caps", "0.1", "1", "--steps", "3", "--width", "32", "--depth", "2", "--batch", "4",
+                          "--iters", "1", "--timeline-mb", "0.01", "--sweep-caps", "0.01", "1"]),
+    "lab_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
+                           "--sizes", "4096", "65536", "--repeats", "2", "--sweep-caps", "0.01", "1"]),
 }  # fmt: skip
 
 
@@ -53,15 +61,38 @@ def top_level_imports(source: str) -> set[str]:
     return names
 
 
+def siblings(name: str) -> set[str]:
+    """The other written scripts ``name`` imports, and those they import in turn (file names)."""
+    found, todo = set(), [name]
+    while todo:
+        for module in top_level_imports(SCRIPTS[todo.pop()]):
+            if f"{module}.py" in SCRIPTS and f"{module}.py" not in found | {name}:
+                found.add(f"{module}.py")
+                todo.append(f"{module}.py")
+    return found
+
+
+def load_script(name: str) -> types.ModuleType:
+    """A written script as a module, its ``__main__`` block not run: for unit tests of its functions."""
+    module = types.ModuleType(name.removesuffix(".py"))
+    module.__file__ = name
+    exec(compile(SCRIPTS[name], name, "exec"), module.__dict__)
+    return module
+
+
 def test_the_take_away_list_names_real_scripts():
     assert set(TAKE_AWAY) <= set(SCRIPTS), sorted(set(TAKE_AWAY) - set(SCRIPTS))
 
 
 @pytest.mark.parametrize("name", sorted(TAKE_AWAY))
 def test_a_take_away_script_runs_under_plain_torchrun(name, tmp_path):
-    outside = top_level_imports(SCRIPTS[name]) - set(sys.stdlib_module_names) - {"torch"}
-    assert not outside, f"{name} imports {sorted(outside)}: a script to take away uses torch and the standard library"
-    (tmp_path / name).write_text(SCRIPTS[name])
+    """The script and the scripts it imports, alone in a folder; nothing of the course on the path."""
+    for script in {name} | siblings(name):
+        outside = top_level_imports(SCRIPTS[script]) - set(sys.stdlib_module_names) - {"torch"}
+        outside -= {f.removesuffix(".py") for f in SCRIPTS}
+        assert not outside, (f"{script} imports {sorted(outside)}: a script to take away uses torch, the standard "
+                             "library and other written scripts")  # fmt: skip
+        (tmp_path / script).write_text(SCRIPTS[script])
     env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_") and k != "PYTHONPATH"}
     torchrun = Path(sys.executable).parent / "torchrun"
     ranks, args = TAKE_AWAY[name]
@@ -71,3 +102,10 @@ def test_a_take_away_script_runs_under_plain_torchrun(name, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in range(ranks):
         json.loads((tmp_path / "results" / f"rank{rank}.json").read_text())
+
+
+def test_a_script_takes_along_the_scripts_it_imports_and_nothing_else():
+    assert siblings("inside_ddp.py") == {f"inside_{part}.py" for part in
+                                         ("construction", "buckets", "optimizers", "overlap", "collectives")}  # fmt: skip
+    assert siblings("lab_overlap.py") == {"inside_overlap.py"}
+    assert siblings("inside_overlap.py") == set()
