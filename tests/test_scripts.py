@@ -48,7 +48,11 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
                           "--iters", "1", "--timeline-mb", "0.01", "--sweep-caps", "0.01", "1"]),
     "lab_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
                            "--sizes", "4096", "65536", "--repeats", "2", "--sweep-caps", "0.01", "1"]),
+    "hello_dist.py": (2, []),
+    "ckpt_ddp.py": (2, ["--settings", "false:true,false:false", "--steps", "2"]),
 }  # fmt: skip
+LESSON_SCRIPTS = ("01", "02", "03", "04")  # every script these notebooks write is one to take away...
+SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 04.8, which the learner finishes
 
 
 def top_level_imports(source: str) -> set[str]:
@@ -82,6 +86,17 @@ def load_script(name: str) -> types.ModuleType:
 
 def test_the_take_away_list_names_real_scripts():
     assert set(TAKE_AWAY) <= set(SCRIPTS), sorted(set(TAKE_AWAY) - set(SCRIPTS))
+
+
+def test_every_script_of_the_ddp_lessons_is_one_to_take_away():
+    lessons = set()
+    for notebook in sorted((paths.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        if notebook.name[:2] in LESSON_SCRIPTS:
+            for cell in nbformat.read(notebook, as_version=4).cells:
+                if cell.cell_type == "code" and cell.source.startswith("%%writefile"):
+                    lessons.add(cell.source.partition("\n")[0].split("/")[-1].strip())
+    assert len(lessons) > 10
+    assert lessons - SKELETONS <= set(TAKE_AWAY), sorted(lessons - SKELETONS - set(TAKE_AWAY))
 
 
 @pytest.mark.parametrize("name", sorted(TAKE_AWAY))
