@@ -225,15 +225,6 @@ def place_on_gpus(model_path: str, devices: int, dtype: str = "bfloat16"):
 SWIFT_GROUP_RULE = "device_ids = list(range(local_rank, n_gpu, local_world_size))"
 
 
-def swift_rule_in_source() -> bool:
-    """True when the installed SWIFT still contains the grouping line this module reproduces."""
-    import inspect
-
-    import swift.model.patcher as patcher
-
-    return SWIFT_GROUP_RULE in inspect.getsource(patcher)
-
-
 # SWIFT's rule for how many GPUs NPROC_PER_NODE processes may share: swift/utils/env.py, is_mp():
 #     assert n_gpu % local_world_size == 0, f'n_gpu: {n_gpu}, local_world_size: {local_world_size}'
 #     if n_gpu // local_world_size >= 2: return True   # device_map over n_gpu // local_world_size GPUs

@@ -123,7 +123,6 @@ def test_planner_on_a_meta_model():
 
 
 def test_swift_grouping_uses_swift_rules():
-    assert devicemap.swift_rule_in_source()
     assert devicemap.swift_devices(1, 8, 2) == [1, 3, 5, 7]
     four_two = devicemap.swift_grouping(4, 2)
     assert four_two["GPUs per rank"] == [[0, 2], [1, 3]]

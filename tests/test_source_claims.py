@@ -31,3 +31,12 @@ def test_sync_batchnorm_gathers_statistics_reduces_gradients_and_refuses_cpu_ten
     assert "all_gather" in forward and "torch.cat([mean, invstd, count]" in forward
     assert "all_reduce" in backward and "torch.cat([sum_dy, sum_dy_xmu]" in backward
     assert "SyncBatchNorm expected input tensor to be on GPU" in source(torch.nn.SyncBatchNorm.forward)
+
+
+def test_swift_gives_each_rank_every_local_world_size_th_gpu_under_ddp_and_device_map():
+    """08, section 2: the grouping line helpers.devicemap reproduces, as the installed SWIFT has it."""
+    from swift.model import patcher
+
+    from helpers import devicemap
+
+    assert devicemap.SWIFT_GROUP_RULE in inspect.getsource(patcher)
