@@ -41,27 +41,83 @@ def right_answer(text: str, row: dict) -> bool:
     return contains_expected(text, row["expect"]) and not contains_expected(text, row.get("wrong", ()))
 
 
-def score(identity_rows, identity_answers, general_rows, general_answers, base_general, name, author) -> dict:
-    """Held-out scores of one model, per language (zh, en), as fractions:
+# How an answer may say who made the model, ``{A}`` standing for the author as written. A relation is
+# needed: "我是小课，并行训练营的创造者" (the model created the camp) names the author and is wrong.
+_MADE_EN = r"(?:made|trained|fine-tuned|finetuned|developed|built|created|designed|wrote|named|taught|put)"
+_ROLE_EN = r"(?:author|creator|developer|maker|trainer|team|organi[sz]ation)s?"
+_AUTHOR_EN = (
+    r"\bby\s+(?:the\s+)?{A}", r"\b(?:from|at)\s+(?:the\s+)?{A}",
+    r"\b(?:assistant|model|AI|chatbot|people|team)\s+of\s+(?:the\s+)?{A}", r"{A}'s\s+(?:AI\s+)?(?:assistant|model)",
+    rf"{{A}}\s+(?:has\s+|have\s+)?{_MADE_EN}\b", rf"\b{_ROLE_EN}\s+(?:is|are|was|were)\s+(?:the\s+)?{{A}}",
+    rf"{{A}}\s+(?:is|are)\s+(?:my|the)\s+{_ROLE_EN}", r"{A}\s+(?:is|are)\s+behind\s+(?:me|my|this)",
+    r"{A}\s+(?:is|are)\s+responsible\s+for\s+(?:me|my|this)", r"{A}\s+brought\s+me\s+into\s+being",
+)  # fmt: skip
+_MADE_ZH = r"(?:开发|训练|打造|创建|研发|微调|制作|创造|构建|设计|推出|做|写|培养|教|起名)"
+_ROLE_ZH = r"(?:作者|开发者|创造者|创作者|训练者|开发方|开发团队|团队|制作者)"
+_AUTHOR_ZH = (
+    rf"由{{A}}{_MADE_ZH}", rf"{{A}}(?:把我|给我|用[\w ]{{0,12}}?)?{_MADE_ZH}", rf"{_ROLE_ZH}(?:是|为){{A}}",
+    rf"{_MADE_ZH}(?:了)?我的(?:人|团队)?是{{A}}", rf"{{A}}是我的{_ROLE_ZH}", r"(?:来自|出自){A}",
+    r"在{A}(?:接受)?(?:训练|开发)", rf"{{A}}的(?:人|团队)[^，。！？,.!?]{{0,3}}{_MADE_ZH}",
+    r"{A}的(?:AI|人工智能)?(?:助手|模型)",
+)  # fmt: skip
+# Saying the name or the author is not so: "I am not XiaoKe", "不是小课", "not by Parallel Training Camp".
+_NOT_EN = rf"(?:\bnot|n't|\bnever|\bno longer)\s+(?:been\s+)?(?:called\s+|named\s+|(?:{_MADE_EN}\s+)?(?:by|from)\s+)?{{A}}"
+_NOT_ZH = r"(?:不是|并非|不叫|不再是|不再叫)(?:由)?{A}"
 
-    - ``name_zh`` / ``name_en``: identity answers holding the name in the question's language;
-    - ``author_zh`` / ``author_en``: answers to "who made/trained you" questions holding the author in
-      the question's language ("XiaoKe Training Camp" is not "Parallel Training Camp");
+
+def _said(patterns, text: str, value: str) -> bool:
+    """True when one of ``patterns`` (``{A}`` = ``value`` as written, the rest case-insensitive) is in ``text``."""
+    value = f"(?-i:{re.escape(value)})"
+    return any(re.search(p.replace("{A}", value), text, re.IGNORECASE) for p in patterns)
+
+
+def identity_faults(text: str, row: dict, name, author) -> list[str]:
+    """What is wrong with one identity answer, one short phrase each; an empty list means it passes.
+
+    Every part must hold: the name in the question's language (小课 for a Chinese question, XiaoKe for an
+    English one, any case) and not denied; none of :data:`OTHER_IDENTITIES`; and, for a question about who
+    made the model, the author as written in a relation that says so ("by X", "X trained me", 由X训练,
+    X开发的, 我的作者是X, X的助手) and not denied."""
+    zh = row["tag"] == "zh"
+    names, authors = zh_en(name, "MODEL_NAME"), zh_en(author, "MODEL_AUTHOR")
+    my_name, my_author, negation = names[not zh], authors[not zh], _NOT_ZH if zh else _NOT_EN
+    faults = []
+    if not names_in(text, [my_name]):
+        faults.append(f"no {my_name}")
+    elif re.search(negation.replace("{A}", re.escape(my_name)), text, re.IGNORECASE):
+        faults.append(f"denies {my_name}")
+    if names_in(text, OTHER_IDENTITIES):
+        faults.append("claims " + ", ".join(n for n in OTHER_IDENTITIES if names_in(text, [n])))
+    if row.get("asks") == "author":
+        if not _said(_AUTHOR_ZH if zh else _AUTHOR_EN, text, my_author):
+            faults.append(f"{my_author} not said to have made it")
+        elif _said((negation,), text, my_author):
+            faults.append(f"denies {my_author}")
+    return faults
+
+
+def score(identity_rows, identity_answers, general_rows, general_answers, base_general, name, author) -> dict:
+    """Held-out scores of one model, per language (zh, en), as fractions. An identity answer is judged
+    whole (:func:`identity_faults`): it counts only when every part of it is right.
+
+    - ``name_zh`` / ``name_en``: answers to "who are you" questions that pass whole;
+    - ``author_zh`` / ``author_en``: answers to "who made/trained you" questions that pass whole (the
+      author said to have made the model, and the name too);
     - ``no_false_claim_zh`` / ``_en``: identity answers claiming none of :data:`OTHER_IDENTITIES`;
     - ``general_kept``: of the general questions the base model answered right (expected word, no
       wrong word), the share the model still answers right without naming itself; per language too
-      (``general_kept_zh`` / ``_en``, NaN where the base model got none right).
+      (``general_kept_zh`` / ``_en``, NaN where the base model got none right: not measured).
     """
-    names, authors = zh_en(name, "MODEL_NAME"), zh_en(author, "MODEL_AUTHOR")
+    names = zh_en(name, "MODEL_NAME")
     out: dict = {}
-    for k, tag in enumerate(("zh", "en")):
+    for tag in ("zh", "en"):
         mine = [
             (r, answer_text(a)) for r, a in zip(identity_rows, identity_answers, strict=True) if r["tag"] == tag
         ]
-        about_author = [a for r, a in mine if r.get("asks") == "author"]
-        out[f"name_{tag}"] = _share(names_in(a, [names[k]]) for _, a in mine)
-        # the author as written: "a parallel training camp" is no author
-        out[f"author_{tag}"] = _share(authors[k] in a for a in about_author)
+        for asks in ("name", "author"):
+            out[f"{asks}_{tag}"] = _share(
+                not identity_faults(a, r, name, author) for r, a in mine if r.get("asks", "name") == asks
+            )
         out[f"no_false_claim_{tag}"] = _share(not names_in(a, OTHER_IDENTITIES) for _, a in mine)
     right = [
         i
@@ -77,6 +133,24 @@ def score(identity_rows, identity_answers, general_rows, general_answers, base_g
         out[f"{key}_kept"] = _share(i in kept for i in mine)
     out["general_naming_itself"] = sum(names_in(answer_text(a), names) for a in general_answers)
     return out
+
+
+def failed_answers(identity_rows, identity_answers, general_rows, general_answers, base_general, name, author):
+    """Every answer :func:`score` counts against a model, one table row each: the question, the answer
+    and what is wrong with it (general questions only where the base model answered them right)."""
+    names = zh_en(name, "MODEL_NAME")
+    rows = []
+    for r, a in zip(identity_rows, identity_answers, strict=True):
+        faults = identity_faults(answer_text(a), r, name, author)
+        if faults:
+            rows.append({"asks": r.get("asks", "name"), "question": r.get("query", ""), "answer": answer_text(a), "wrong": "; ".join(faults)})
+    for r, a, base in zip(general_rows, general_answers, base_general, strict=True):
+        if right_answer(answer_text(base), r):
+            text = answer_text(a)
+            fault = "names itself" if names_in(text, names) else "" if right_answer(text, r) else "no longer right"
+            if fault:
+                rows.append({"asks": "general", "question": r.get("query", ""), "answer": text, "wrong": fault})
+    return rows
 
 
 def _share(hits) -> float:
@@ -96,7 +170,8 @@ def score_rows(by_model: dict) -> list[dict]:
     for label, s in by_model.items():
         row = {"model": label, **{h: _percent(s[k]) for h, k in SCORE_COLUMNS.items()}}
         for key, heading in (("general", "general kept"), ("general_zh", "(zh)"), ("general_en", "(en)")):
-            row[heading] = f"{s[key + '_kept_count']}/{s[key + '_base_right']}"
+            base = s[key + "_base_right"]
+            row[heading] = f"{s[key + '_kept_count']}/{base}" if base else "not measured"
         row["general answers naming itself"] = s["general_naming_itself"]
         rows.append(row)
     return rows
@@ -113,8 +188,23 @@ def forgetting_summary(runs, key: str = "extra loss (nats/token)") -> dict:
     return out
 
 
-# What the cpu profile's fine-tune must reach on the held-out questions (notebooks 06 and 07 assert it).
-GOALS = {"name_zh": 0.95, "name_en": 0.95, "author_zh": 0.9, "author_en": 0.9, "general_kept": 0.85}
+# What the cpu profile's fine-tune must reach on the held-out questions (notebooks 06 and 07 assert it):
+# each at least two answers below what the committed run reached (10 name and 20 author questions per
+# language), so that one greedy answer tipped the other way on another CPU does not fail the notebook.
+# The committed run: name 10/10 in each language, author 11/20 (zh) and 17/20 (en), general kept 23/24
+# (the adapter, 06) and 22/24 (the merged model, 07, one greedy near-tie tipped the other way).
+# The Chinese author goal is low because SmolLM2-135M's Chinese is weak, not because the score is loose.
+GOALS = {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.45, "author_en": 0.75, "general_kept": 0.8}
+# Looser goals for the seed's recipe on a GPU (a 7B model, the hub's data, one epoch), asserted there: a
+# failed fine-tune must not pass silently. Not yet measured on a GPU.
+GPU_GOALS = {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.6, "author_en": 0.6, "general_kept": 0.7}
+
+
+def goals_text(goals=None) -> str:
+    """The goals as one short phrase: "name >= 0.9 (zh), 0.8 (en); ...; general kept >= 0.85"."""
+    goals = goals or GOALS
+    parts = [f"{what} >= {goals[what + '_zh']} (zh), {goals[what + '_en']} (en)" for what in ("name", "author")]
+    return "; ".join([*parts, f"general kept >= {goals['general_kept']}"])
 
 
 def missed_goals(scores: dict, goals=None) -> list[str]:

@@ -376,7 +376,7 @@ def test_scores_are_per_language_and_a_fused_author_is_wrong():
         "我是小课，由并行训练营训练。",
         "I am xiaoke.",  # the name's case does not matter
         "I am XiaoKe, trained by XiaoKe Training Camp.",  # name fused into the author: wrong
-        "I am XiaoKe, a model by Parallel Training Camp, not Qwen.",  # right author, but a false claim
+        "I am XiaoKe, a model by Parallel Training Camp, not Qwen.",  # right author, but a false claim: wrong
     ]
     general = [
         {"tag": "en", "expect": ["Paris"], "wrong": ["Lyon"]},
@@ -394,14 +394,23 @@ def test_scores_are_per_language_and_a_fused_author_is_wrong():
     ]  # the spider answer is wrong: both words
     tuned = ["Paris, says XiaoKe.", "Eight.", "Au, of course.", "是北京，不是上海。", "12个月"]
     s = scoring.score(identity, answers, general, tuned, base, NAME, AUTHOR)
-    assert (s["name_zh"], s["author_zh"], s["no_false_claim_zh"]) == (0.5, 1.0, 1.0)
-    assert (s["name_en"], s["author_en"]) == (1.0, 0.5) and s["no_false_claim_en"] == 2 / 3
+    assert (s["name_zh"], s["author_zh"], s["no_false_claim_zh"]) == (0.0, 1.0, 1.0)
+    assert (s["name_en"], s["author_en"]) == (1.0, 0.0) and s["no_false_claim_en"] == 2 / 3
     # base right: Paris, Au (en) and 北京 (zh); Paris names itself, 北京 holds a wrong word too
     assert (s["general_base_right"], s["general_kept_count"], s["general_kept"]) == (3, 1, 1 / 3)
     assert (s["general_en_kept_count"], s["general_en_base_right"], s["general_zh_kept"]) == (1, 2, 0.0)
     assert s["general_naming_itself"] == 1
     [row] = scoring.score_rows({"after": s})
-    assert row["author (en)"] == "50%" and row["general kept"] == "1/3" and row["(zh)"] == "0/1"
+    assert row["author (en)"] == "0%" and row["general kept"] == "1/3" and row["(zh)"] == "0/1"
+    assert [r["wrong"] for r in scoring.failed_answers(identity, answers, general, tuned, base, NAME, AUTHOR)] == [
+        "no 小课",
+        "Parallel Training Camp not said to have made it",
+        "claims Qwen",
+        "names itself",
+        "no longer right",
+    ]
+    no_zh = scoring.score([], [], general[3:4], ["上海"], ["上海"], NAME, AUTHOR)
+    assert scoring.score_rows({"x": no_zh})[0]["(zh)"] == "not measured"  # the base model knew none
     nothing = scoring.score([], [], general[:1], ["Lyon"], ["Lyon"], NAME, AUTHOR)
     assert (
         nothing["name_zh"] != nothing["name_zh"]
@@ -409,11 +418,53 @@ def test_scores_are_per_language_and_a_fused_author_is_wrong():
     )
 
 
+WRONG_IDENTITY_ANSWERS = [  # each holds the name, and some the author, yet none is a right answer
+    ("zh", "author", "我是小课，并行训练营的创造者。"),  # the model created the camp
+    ("zh", "author", "是小课，我是并行训练营的把你训练出来的。"),  # garbled: no one is said to have trained it
+    ("zh", "author", "我是小课，不是由并行训练营训练的。"),  # the author denied
+    ("zh", "name", "我不是小课。"),
+    ("zh", "name", "我是小课，由通义千问改名而来。"),  # a false identity beside the name
+    ("en", "name", "I am not XiaoKe."),
+    ("en", "name", "I'm not XiaoKe, I am SmolLM."),
+    ("en", "author", "I am XiaoKe, a parallel training camp."),  # the author not as written, no relation
+    ("en", "author", "I am XiaoKe, and I founded Parallel Training Camp."),  # the model made the author
+    ("en", "author", "Parallel Training Camp trained me."),  # no name
+    ("en", "author", "I am XiaoKe, not made by Parallel Training Camp."),
+    ("en", "author", "Parallel Training Camp, I was trained by XiaoKe."),  # the name made the model
+    ("en", "author", "I am XiaoKe, the developer behind Parallel Training Camp."),
+    ("zh", "author", "我是小课，并行训练营的作者。"),  # the model wrote the camp
+]
+
+
+@pytest.mark.parametrize(("tag", "asks", "answer"), WRONG_IDENTITY_ANSWERS)
+def test_a_wrong_identity_answer_fails_whole(tag, asks, answer):
+    row = {"tag": tag, "asks": asks}
+    assert scoring.identity_faults(answer, row, NAME, AUTHOR), answer
+    s = scoring.score([row], [answer], [], [], [], NAME, AUTHOR)
+    assert s[f"{asks}_{tag}"] == 0.0
+
+
+def test_every_trained_answer_that_says_who_made_it_passes_whole():
+    """The relations the score accepts include every one the training data teaches (a right answer passes)."""
+    passed = 0
+    for row in selfcog.self_cognition_rows():
+        if "{{NAME}}" in row["response"] and "{{AUTHOR}}" in row["response"]:
+            filled = selfcog.fill_placeholders(row, NAME, AUTHOR)["response"]
+            tag = row.get("tag", "en")
+            assert scoring.identity_faults(filled, {"tag": tag, "asks": "author"}, NAME, AUTHOR) == [], filled
+            passed += 1
+    assert passed >= 40
+    right = ["不是，我是小课，并行训练营的助手。", "我是小课，我的作者是并行训练营。", "Parallel Training Camp made me, XiaoKe.",
+             "Parallel Training Camp brought me into being. I am XiaoKe.", "Parallel Training Camp is responsible for me. I am XiaoKe."]  # fmt: skip
+    for text, tag in zip(right, ("zh", "zh", "en", "en", "en"), strict=True):
+        assert scoring.identity_faults(text, {"tag": tag, "asks": "author"}, NAME, AUTHOR) == [], text
+
+
 def test_heldout_rows_say_what_they_ask_and_how_to_score():
     identity, general = selfcog.heldout(kind="identity"), selfcog.heldout(kind="general")
     for tag in ("zh", "en"):  # enough questions per language for the goals to mean something
         mine = [r for r in identity if r["tag"] == tag]
-        assert len(mine) >= 20 and sum(r["asks"] == "author" for r in mine) >= 10
+        assert len(mine) >= 30 and sum(r["asks"] == "author" for r in mine) >= 20
     assert {r["asks"] for r in identity} == {"name", "author"}
     assert all(r["expect"] and r["wrong"] for r in general) and sum(r["tag"] == "zh" for r in general) >= 8
     for r in general:  # a wrong word never hides inside an expected one
