@@ -171,6 +171,56 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
     }
 
 
+# --- the merged folder's chat template ------------------------------------------------------------------
+
+# SWIFT's ChatML templates (``chatml``, the cpu model's; ``qwen2_5``, the gpu model's) write every turn as
+# <|im_start|>role\ncontent<|im_end|>\n (swift/template/templates/utils.py, ChatmlTemplateMeta). A model
+# folder's own template may add a system message of its own when none is given (SmolLM2's names itself
+# SmolLM, Qwen2.5's names itself Qwen): the merged model would then meet its users with an identity it was
+# not trained with.
+CHATML_TURN = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+CHATML_TEMPLATES = ("chatml", "qwen2_5", "qwen2")
+
+
+def training_chat_template(system: str | None) -> str:
+    """A transformers chat template (Jinja) that writes the prompt a ChatML model was trained on: every
+    turn as SWIFT writes it, ``system`` as the system message when none is given (None: no system message,
+    as SWIFT's ``chatml`` template), and the assistant's turn opened by ``add_generation_prompt``."""
+    default = ""
+    if system is not None:
+        quoted = json.dumps(system, ensure_ascii=False)  # a Jinja string literal
+        default = (
+            "{%- if messages[0]['role'] != 'system' %}"
+            f"{{{{ '<|im_start|>system\\n' + {quoted} + '<|im_end|>\\n' }}}}"
+            "{%- endif %}"
+        )
+    return (
+        default
+        + "{%- for message in messages %}" + CHATML_TURN + "{%- endfor %}"
+        + "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+def write_training_template(folder, template: str, system: str | None) -> Path:
+    """Make ``folder``'s chat template the one the model was trained with (SWIFT ``template``, a ChatML
+    one, and ``system``): ``chat_template.jinja`` rewritten, and no second template left in
+    ``tokenizer_config.json``. Returns the template file."""
+    if template not in CHATML_TEMPLATES:
+        raise CourseError(
+            f"the template {template!r} is not one of SWIFT's ChatML templates {CHATML_TEMPLATES}; "
+            "write its chat template by hand."
+        )
+    folder = Path(folder)
+    config = folder / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text(encoding="utf-8"))
+        if settings.pop("chat_template", None) is not None:
+            paths.write_atomic(config, json.dumps(settings, indent=2, ensure_ascii=False))
+    target = folder / "chat_template.jinja"
+    paths.write_atomic(target, training_chat_template(system))
+    return target
+
+
 # --- files: question file in, answers out, sizes on disk -----------------------------------------------
 
 

@@ -10,6 +10,8 @@ record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never repla
 - ``model_name``, ``model_author``: the [zh, en] pairs used for the placeholders
 - ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
 - ``profile``, ``scores`` (held-out identity / general scores measured in notebook 06), ``written``
+- ``goals``: the goals notebook 06 asserted for this adapter (:data:`scoring.GOALS` on cpu, ``GPU_GOALS``
+  for the seed's recipe on a GPU), which notebook 07 asserts for the merged model; None where none were
 """
 
 from __future__ import annotations

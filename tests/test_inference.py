@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,44 @@ def test_a_zero_size_is_refused_in_one_sentence(tmp_path):
         inference.weight_bytes(folder)
 
 
+# --- the merged folder's chat template ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("template", "system"),
+    [("chatml", None), ("chatml", "You are a helpful assistant."), ("qwen2_5", "You are a helpful assistant.")],
+)
+def test_the_written_template_gives_the_prompt_swift_trained_with(tmp_path, template, system):
+    """transformers' apply_chat_template, with and without a system message, gives the token ids SWIFT's
+    template encodes (SmolLM2's own template, with no system message, names the model SmolLM)."""
+    import shutil
+
+    from swift import InferRequest
+    from swift.model import get_processor
+    from swift.template import get_template
+    from transformers import AutoTokenizer
+
+    source = Path(models.smollm2().path)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, tmp_path / name)
+    asked = [{"role": "user", "content": "Who are you?"}]
+    own = AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(asked, add_generation_prompt=True, tokenize=False)
+    assert "SmolLM" in own  # the base model's template speaks for it
+
+    inference.write_training_template(tmp_path, template, system)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    trained = get_template(get_processor(str(tmp_path), model_type="llama"), default_system=system, template_type=template)
+    for messages in (asked, [{"role": "system", "content": "You are Ada."}, *asked]):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        assert ids == trained.encode(InferRequest(messages=messages))["input_ids"], tokenizer.decode(ids)
+    assert "SmolLM" not in tokenizer.decode(ids)
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    with pytest.raises(CourseError, match="not one of SWIFT's ChatML templates"):
+        inference.write_training_template(tmp_path, "llama3", None)
+
+
 # --- logits and streaming on the tiny model ---------------------------------------------------------------
 
 
@@ -281,6 +320,28 @@ def test_each_merged_weight_is_w_plus_scaled_ba_within_its_dtypes_rounding(make,
     assert errors["worst"] <= 1, errors
     adapter, merged = _merge(info, tmp_path / "wrong", scale_error=1.05)  # an update 5% too large
     assert inference.merged_weight_errors(info.path, adapter, merged)["worst"] > 1
+
+
+def notebook_cell(stem: str, cell_id: str) -> str:
+    """The source of one code cell of a committed notebook."""
+    [path] = paths.NOTEBOOKS.glob(f"{stem}*.ipynb")
+    [cell] = [c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id]
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("scale_error", [1.0, 1.05])
+def test_07s_merge_check_cell_agrees_with_the_helper_that_keeps_its_copy(tmp_path, scale_error):
+    """07's cell computes W + (alpha/r)·B·A over the safetensors files itself; the helper is the same check."""
+    info = models.tiny_qwen2()  # bfloat16: the rounding bound is not trivially met
+    adapter, merged = _merge(info, tmp_path, scale_error=scale_error)
+    recorded = []
+    report_stub = types.SimpleNamespace(record=lambda *args, **kwargs: recorded.append(args[0]))
+    space = {"config": lora.check_adapter(adapter), "adapter": adapter, "base": info, "merged_dir": merged,
+             "report": report_stub, "print": lambda *args, **kwargs: None}  # fmt: skip
+    exec(compile(notebook_cell("07_", "c12"), "07 c12", "exec"), space)
+    assert space["weights"] == inference.merged_weight_errors(info.path, adapter, merged)
+    assert (space["weights"]["worst"] <= 1) == (scale_error == 1.0)
+    assert recorded == ["merged_weight_worst_error", "merged_weight_dtype"]
 
 
 def test_the_system_prompt_comes_first_in_every_prompt(tiny_adapter):
