@@ -17,7 +17,7 @@ from swift.model import model_meta
 from swift.model.register import ModelLoader
 from transformers import AutoConfig
 
-ModelLoader.default_trust_remote_code = False
+ModelLoader.default_trust_remote_code = False  # SWIFT's loaders of model, config and tokenizer
 
 
 class _ConfigWithoutRemoteCode:
@@ -25,7 +25,7 @@ class _ConfigWithoutRemoteCode:
 
     @staticmethod
     def from_pretrained(*args, **kwargs):
-        kwargs["trust_remote_code"] = False
+        kwargs["trust_remote_code"] = False  # whatever SWIFT passed
         return AutoConfig.from_pretrained(*args, **kwargs)
 
 
@@ -40,7 +40,7 @@ class _NoStaleWarning(logging.Filter):
 
 
 class _NoDatasetsNotice(logging.Filter):
-    local_code_only = True
+    local_code_only = True  # the same mark
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "`trust_remote_code` is not supported anymore" not in record.getMessage()

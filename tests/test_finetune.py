@@ -586,7 +586,8 @@ def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
 def test_goals_and_the_forgetting_summary():
     good = {"name_zh": 1.0, "name_en": 0.95, "author_zh": 0.9, "author_en": 1.0, "general_kept": 0.85}
     assert scoring.missed_goals(good) == []
-    assert scoring.missed_goals({**good, "author_en": 0.8}) == ["author_en = 0.80, below the goal 0.9"]
+    assert scoring.missed_goals({**good, "author_en": 0.7}) == ["author_en = 0.70, below the goal 0.75"]
+    assert scoring.goals_text() == "name >= 0.8 (zh), 0.8 (en); author >= 0.45 (zh), 0.75 (en); general kept >= 0.8"
     assert scoring.missed_goals({**good, "general_kept": float("nan")})  # no general answer right: not met
     runs = [
         {"data": d, "seed": s, "x": v}
