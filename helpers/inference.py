@@ -179,7 +179,7 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
 # SmolLM, Qwen2.5's names itself Qwen): the merged model would then meet its users with an identity it was
 # not trained with.
 CHATML_TURN = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-CHATML_TEMPLATES = ("chatml", "qwen2_5", "qwen2")
+CHATML_TEMPLATES = ("chatml", "qwen", "qwen2_5")  # SWIFT template types built on ChatmlTemplateMeta
 
 
 def training_chat_template(system: str | None) -> str:
@@ -203,13 +203,17 @@ def training_chat_template(system: str | None) -> str:
 
 def write_training_template(folder, template: str, system: str | None) -> Path:
     """Make ``folder``'s chat template the one the model was trained with (SWIFT ``template``, a ChatML
-    one, and ``system``): ``chat_template.jinja`` rewritten, and no second template left in
-    ``tokenizer_config.json``. Returns the template file."""
+    one, and ``system``, None meaning the template's own default as SWIFT used it): ``chat_template.jinja``
+    rewritten, and no second template left in ``tokenizer_config.json``. Returns the template file."""
     if template not in CHATML_TEMPLATES:
         raise CourseError(
             f"the template {template!r} is not one of SWIFT's ChatML templates {CHATML_TEMPLATES}; "
             "write its chat template by hand."
         )
+    if system is None:  # no --system: SWIFT trained with its template's default (Qwen's names itself Qwen)
+        from swift.template.register import TEMPLATE_MAPPING
+
+        system = TEMPLATE_MAPPING[template].default_system
     folder = Path(folder)
     config = folder / "tokenizer_config.json"
     if config.is_file():

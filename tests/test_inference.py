@@ -211,7 +211,8 @@ def test_a_zero_size_is_refused_in_one_sentence(tmp_path):
 
 @pytest.mark.parametrize(
     ("template", "system"),
-    [("chatml", None), ("chatml", "You are a helpful assistant."), ("qwen2_5", "You are a helpful assistant.")],
+    [("chatml", None), ("chatml", "You are a helpful assistant."), ("qwen2_5", "You are a helpful assistant."),
+     ("qwen2_5", None), ("qwen", None)],  # fmt: skip
 )
 def test_the_written_template_gives_the_prompt_swift_trained_with(tmp_path, template, system):
     """transformers' apply_chat_template, with and without a system message, gives the token ids SWIFT's
