@@ -207,34 +207,6 @@ def prompt_ids(tokenizer, template: str, query: str) -> list[int]:
     return list(encoder.encode({"messages": [{"role": "user", "content": query}]})["input_ids"])
 
 
-def generate_until(model, tokenizer, prompt_ids, stop_ids, max_new_tokens: int) -> dict:
-    """Greedy generation that stops only at ``stop_ids``: how many tokens came, and did it stop."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small model on a shared 2-core machine: one thread is the fastest
-    try:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt_ids], device=model.device),
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=model.device),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                eos_token_id=list(stop_ids),
-                pad_token_id=tokenizer.pad_token_id,
-            )
-    finally:
-        torch.set_num_threads(threads)
-    new = out[0, len(prompt_ids) :].tolist()
-    stopped = bool(new) and new[-1] in set(stop_ids)
-    return {
-        "stop ids": list(stop_ids),
-        "new tokens": len(new),
-        "stopped by itself": stopped,
-        "text": tokenizer.decode(new, skip_special_tokens=False),
-    }
-
-
 # --- offline flags: what SWIFT's source does with them -----------------------------------------------
 
 
