@@ -9,10 +9,19 @@ architectures (Llama, Qwen2) that need none of their own, so this plugin turns b
 SWIFT's "Loading ... with trust_remote_code=True" warnings, which are no longer true once it is loaded.
 SWIFT also passes ``trust_remote_code=True`` to ``datasets.load_dataset``, which runs no dataset scripts
 since datasets 4.0 and logs an error-level notice saying so; that notice is dropped too.
+
+Each rank that loads it also ends its process group when it exits. SWIFT's ``swift sft`` (outside
+Megatron) never calls ``destroy_process_group``, so a gloo rank can reach interpreter shutdown with
+gloo's threads still alive and, now and then, die there with SIGABRT ("terminate called without an
+active exception") after training has finished. After an uncaught error the group is left alone: the
+other ranks may still be waiting in a collective, and the launcher reports the error.
 """
 
+import atexit
 import logging
+import sys
 
+import torch.distributed as dist
 from swift.model import model_meta
 from swift.model.register import ModelLoader
 from transformers import AutoConfig
@@ -50,3 +59,12 @@ for _name, _filter in (("swift", _NoStaleWarning), ("datasets.load", _NoDatasets
     _logger = logging.getLogger(_name)
     if not any(getattr(f, "local_code_only", False) for f in _logger.filters):
         _logger.addFilter(_filter())
+
+
+def _end_process_group() -> None:
+    """At exit: destroy the process group this rank opened, unless it is ending on an uncaught error."""
+    if getattr(sys, "last_value", None) is None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # what the rank's script would call last
+
+
+atexit.register(_end_process_group)  # loaded twice, the second call finds no group left

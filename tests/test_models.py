@@ -167,3 +167,27 @@ def test_local_code_only_stops_swift_from_running_code_shipped_in_a_model_folder
         ModelLoader.default_trust_remote_code, model_meta.AutoConfig = saved[:2]
         swift_logger.filters[:] = saved[2]
         datasets_logger.filters[:] = saved_datasets
+
+
+@pytest.mark.parametrize("ends", ["normally", "on an error"])
+def test_local_code_only_ends_the_process_group_at_exit_unless_the_rank_failed(tmp_path, ends):
+    """`swift sft` never destroys its process group; a gloo rank left so can die with SIGABRT at shutdown."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import atexit, importlib.util, sys
+            import torch, torch.distributed as dist
+            atexit.register(lambda: print("group left at exit:", dist.is_initialized()))  # runs last
+            spec = importlib.util.spec_from_file_location("plugin", {str(models.LOCAL_CODE_ONLY)!r})
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))  # as --external_plugins does
+            dist.init_process_group("gloo", init_method={(tmp_path / "store").as_uri()!r}, rank=0, world_size=1)
+            dist.all_reduce(torch.ones(3))
+            if {ends == "on an error"}:
+                raise RuntimeError("the rank failed")
+            """
+        )
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == (1 if ends == "on an error" else 0), run.stderr[-2000:]
+    assert f"group left at exit: {ends == 'on an error'}" in run.stdout
