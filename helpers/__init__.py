@@ -44,7 +44,7 @@ One module per lesson concept, each explained in its notebook:
 - web           06: SWIFT's Web-UI started, reached, mapped to flags and stopped
 - inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
 - devicemap     08: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
-- sharding      08: ZeRO / FSDP bytes and traffic per rank, against the formulas
+- sharding      08: the ZeRO formulas and ring traffic that 08's script's measured bytes are checked against
 - troubleshooting 09: the seed's four tips reproduced, and debugging a hang
 """
 

@@ -1,21 +1,19 @@
 """Beyond DDP (超越 DDP): ZeRO-2 / ZeRO-3 (DeepSpeed) and FSDP2 (PyTorch) memory and traffic per rank.
 
-Every rank keeps only a shard (分片) of some of the training state. The per-rank bytes are counted from the
-tensors each rank really holds and compared with the ZeRO formulas, whose bytes per parameter come from
-:mod:`helpers.parallelism`; every collective a rank calls is counted and compared with the ring formulas.
+Every rank keeps only a shard (分片) of some of the training state. Notebook 08's script
+(``sharded_train.py``) counts the bytes each rank really holds and every collective it calls; this module
+holds what they are compared with: the ZeRO formulas, whose bytes per parameter come from
+:mod:`helpers.parallelism`, and the ring formulas.
 device_map and DDP + device_map are in :mod:`helpers.devicemap`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections import defaultdict
 
 import torch
 from torch import nn
 
-from helpers.bytecount import nbytes
 from helpers.parallelism import BF16_MIXED_ADAM, FP32_ADAM, Recipe
 from helpers.toys import mlp
 
@@ -65,65 +63,8 @@ def formula_bytes(n_params: int, world: int, method: str, recipe: Recipe | None 
     return {part: n_params * b / (world if part in SHARDED[method] else 1) for part, b in per_param.items()}
 
 
-def _moments(optimizer) -> list:
-    return [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq") if k in s]
+# --- 4. communication: what the ring algorithms send ---------------------------------------------------
 
-
-def held_bytes_torch(model: nn.Module, optimizer) -> dict[str, int]:
-    """Bytes this rank holds for a plain or FSDP2 model (call between backward and step)."""
-    params = list(model.parameters())
-    return {
-        "parameters": nbytes(params),
-        "fp32 master copy": 0,
-        "gradients": nbytes(p.grad for p in params),
-        "Adam moments": nbytes(_moments(optimizer)),
-    }
-
-
-def held_bytes_deepspeed(engine) -> dict[str, int]:
-    """Bytes this rank holds under a DeepSpeed ZeRO engine (call between backward and step).
-
-    ZeRO-2: full weights (``bit16_groups_flat``), this rank's fp32 partition
-    (``single_partition_of_fp32_groups``) and gradient partition (``averaged_gradients``).
-    ZeRO-3: only a partition of the weights (``fp16_partitioned_groups_flat``), plus any parameter
-    still gathered, the fp32 partition (``fp32_partitioned_groups_flat``) and the gradient partition
-    buffer (``grad_partitions_flat_buffer``). Adam's moments live in the wrapped torch optimizer.
-    """
-    opt = engine.optimizer
-    if engine.zero_optimization_stage() == 3:
-        weights = list(opt.fp16_partitioned_groups_flat) + [p.data for p in engine.module.parameters()]
-        master = opt.fp32_partitioned_groups_flat
-        grads = [opt.grad_partitions_flat_buffer]
-    else:
-        weights = opt.bit16_groups_flat
-        master = opt.single_partition_of_fp32_groups
-        averaged = opt.averaged_gradients
-        grads = [
-            g
-            for group in (averaged.values() if isinstance(averaged, dict) else averaged)
-            for g in group or []
-        ]
-    return {
-        "parameters": nbytes(weights),
-        "fp32 master copy": nbytes(master),
-        "gradients": nbytes(grads),
-        "Adam moments": nbytes(_moments(opt.optimizer)),
-    }
-
-
-# --- 4. communication: count every collective ----------------------------------------------------------
-
-COLLECTIVES = (
-    "all_reduce",
-    "reduce_scatter_single",  # torch 2.13's names; FSDP2 calls these
-    "all_gather_single",
-    "reduce_scatter_tensor",  # the older names DeepSpeed calls (they call the two above)
-    "all_gather_into_tensor",
-    "broadcast",
-    "all_gather",
-    "reduce_scatter",
-    "reduce",
-)
 # bytes one rank sends over a ring for a collective whose full (unsharded) payload is B bytes
 WIRE_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -132,83 +73,6 @@ WIRE_FACTOR = {
     "broadcast": lambda n: 1.0,
     "reduce": lambda n: 1.0,
 }
-
-
-def _kind(name: str) -> str:
-    """all_gather_into_tensor, all_gather_single -> all_gather; reduce_scatter_tensor -> reduce_scatter."""
-    for suffix in ("_into_tensor", "_tensor", "_single"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def _payload(name: str, args, kwargs) -> int:
-    """Full payload of one call: the unsharded size (output of an all-gather, input of a reduce-scatter)."""
-    first = args[0] if args else next(iter(kwargs.values()))
-    if name.startswith("reduce_scatter_"):
-        first = args[1] if len(args) > 1 else kwargs.get("input")
-    if isinstance(first, (list, tuple)):
-        return sum(t.numel() * t.element_size() for t in first)
-    return first.numel() * first.element_size()
-
-
-class CollectiveCounter:
-    """Wraps the ``torch.distributed`` collectives and counts calls and payload bytes per kind.
-
-    DeepSpeed (through ``deepspeed.comm``) and FSDP2 call these Python functions; DDP's reducer calls
-    C++ directly, so DDP needs a Python comm hook (``allreduce_hook``) for its traffic to be seen.
-    """
-
-    def __init__(self):
-        self.calls: dict = defaultdict(int)
-        self.payload: dict = defaultdict(int)
-        self.counting = False
-        self._depth = 0  # a deprecated collective calls its new name: count the outer call only
-        self._saved = []
-
-    def install(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
-        for name in COLLECTIVES:
-            for module in (dist, c10d):
-                original = getattr(module, name, None)
-                if original is None or getattr(original, "_counted", False):
-                    continue
-                self._saved.append((module, name, original))
-                setattr(module, name, self._wrap(name, original))
-        return self
-
-    def _wrap(self, name, original):
-        def counted(*args, **kwargs):
-            if self.counting and not self._depth:
-                self.calls[_kind(name)] += 1
-                self.payload[_kind(name)] += _payload(name, args, kwargs)
-            self._depth += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._depth -= 1
-
-        counted._counted = True
-        return counted
-
-    def uninstall(self):
-        for module, name, original in reversed(self._saved):
-            setattr(module, name, original)
-        self._saved.clear()
-
-    @contextlib.contextmanager
-    def count(self):
-        """Count only inside this block."""
-        self.counting = True
-        try:
-            yield self
-        finally:
-            self.counting = False
-
-    def reset(self):
-        self.calls.clear()
-        self.payload.clear()
 
 
 def wire_bytes(payload: dict, world: int) -> float:
@@ -247,15 +111,6 @@ def fsdp2_padded_params(model: nn.Module, world: int) -> int:
 def small_model(features: int = 32, hidden: int = 128, layers: int = 3, classes: int = 8, seed: int = 0):
     """Notebook 08's float32 model: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
     return mlp([features] + [hidden] * layers + [classes], activation=nn.Tanh, seed=seed)
-
-
-def dataset(samples: int, features: int = 32, classes: int = 8, seed: int = 0):
-    """A synthetic classification set (x float32, y class ids): the same on every rank."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, features, generator=gen)
-    centres = torch.randn(classes, features, generator=gen)
-    y = (x @ centres.T + 0.5 * torch.randn(samples, classes, generator=gen)).argmax(1)
-    return x, y
 
 
 def curves_agree(curves: dict, tol: float) -> tuple[bool, float]:
@@ -340,27 +195,6 @@ def decision_rows(per_rank: dict, traffic: dict, seconds: dict) -> list[dict]:
             }
         )
     return rows
-
-
-# --- plumbing for the launched script ------------------------------------------------------------------
-
-
-def import_deepspeed():
-    """``import deepspeed``, minus a kernel this lesson never uses.
-
-    On a CPU, DeepSpeed's communication backend compiles a shared-memory all-reduce kernel the first
-    time it starts (about two minutes on two cores); only its inference all-reduce uses it, training
-    goes through ``torch.distributed``. Skipping the build changes nothing that is measured here.
-    """
-    import sys
-
-    import deepspeed
-
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    return deepspeed
-
-
-nothing = contextlib.nullcontext
 
 
 # --- SWIFT runs ----------------------------------------------------------------------------------------

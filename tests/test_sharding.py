@@ -3,10 +3,13 @@
 import pytest
 import torch
 import torch.distributed as dist
+from test_scripts import load_script
 from torch import nn
 
 from helpers import devicemap, parallelism, sharding
 from helpers.errors import CourseError
+
+script = load_script("sharded_train.py")  # 08's script: what a rank holds and sends, measured there
 
 P = 1000
 
@@ -41,14 +44,23 @@ def test_traffic_theory(world):
 
 
 def test_held_bytes_of_a_plain_model_match_ddp_formula():
-    model = sharding.small_model(features=8, hidden=16, layers=2, classes=4)
+    model = script.small_model(features=8, hidden=16, layers=2, classes=4)
     opt = torch.optim.Adam(model.parameters())
-    x, y = sharding.dataset(8, features=8, classes=4)
+    x, y = script.dataset(8, features=8, classes=4)
     nn.CrossEntropyLoss()(model(x), y).backward()
     opt.step()  # creates Adam's moments; gradients are still there
     n = parallelism.count_parameters(model)
-    held = sharding.held_bytes_torch(model, opt)
+    held = script.held_bytes_torch(model, opt)
     assert held == {k: int(v) for k, v in sharding.formula_bytes(n, 1, "ddp").items()}
+
+
+def test_the_scripts_model_is_the_one_the_notebook_pads_and_counts():
+    """08 computes FSDP2's padding and the parameter count from ``sharding.small_model``: the same weights."""
+    ours, theirs = script.small_model(hidden=64), sharding.small_model(hidden=64)
+    assert [p.shape for p in ours.parameters()] == [p.shape for p in theirs.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))
+    x, y = script.dataset(16)
+    assert x.shape == (16, 32) and torch.equal(script.dataset(16)[1], y) and len(set(y.tolist())) > 1
 
 
 @pytest.fixture
@@ -58,20 +70,21 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
-def test_collective_counter_counts_outer_calls_once(one_rank_group):
-    counter = sharding.CollectiveCounter().install()
-    try:
-        t = torch.ones(10)
-        dist.all_reduce(t)  # not counting yet
-        with counter.count():
-            dist.all_reduce(t)
-            out = torch.empty(10)
-            dist.all_gather_into_tensor(out, torch.ones(10))  # deprecated name calls all_gather_single
-        assert dict(counter.calls) == {"all_reduce": 1, "all_gather": 1}
-        assert dict(counter.payload) == {"all_reduce": 40, "all_gather": 40}
-    finally:
-        counter.uninstall()
-    assert not getattr(dist.all_reduce, "_counted", False)
+def test_collective_counter_counts_outer_calls_once(one_rank_group, monkeypatch):
+    for name in script.COLLECTIVES:  # the counter replaces these; put them back after the test
+        for module in (dist, dist.distributed_c10d):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(module, name))
+    counter = script.CollectiveCounter()
+    t = torch.ones(10)
+    dist.all_reduce(t)  # not counting yet
+    with counter.count():
+        dist.all_reduce(t)
+        out = torch.empty(10)
+        dist.all_gather_into_tensor(out, torch.ones(10))  # deprecated name calls all_gather_single
+        dist.reduce_scatter_tensor(torch.empty(10), torch.ones(10))  # the full input is the payload
+    assert dict(counter.calls) == {"all_reduce": 1, "all_gather": 1, "reduce_scatter": 1}
+    assert dict(counter.payload) == {"all_reduce": 40, "all_gather": 40, "reduce_scatter": 40}
 
 
 def test_stage_spans_follow_the_device_map():
