@@ -1,10 +1,11 @@
 """Merging and inference (模型合并 / 模型推理): the recorded adapter, swift export / infer, logits, sizes.
 
 Notebook 07 takes the adapter notebook 06 recorded (:func:`recorded_adapter`), merges it into the base
-model with ``swift export --merge_lora true`` (:func:`export_flags`), checks that the merged weights give
+model with ``swift export --merge_lora true`` (typed in its cell; :func:`model_text` fills in the model,
+:func:`export_flags` keeps a copy of the flags for the gpu profile's commands), checks that the merged weights give
 the logits the base model plus the adapter gives (:func:`prompt_batch`, :func:`logits`, :func:`largest_gap`),
-asks questions with ``swift infer`` on a question file (:func:`write_questions`, :func:`infer_flags`,
-:func:`read_answers`) and with SWIFT's Python engine (``answering.Chat``, :func:`stream`), and compares
+asks questions with ``swift infer`` on a question file (:func:`write_questions`, typed in its cell with
+:func:`infer_flags` as its copy, :func:`read_answers`) and with SWIFT's Python engine (``answering.Chat``, :func:`stream`), and compares
 the answers (:func:`same_answers`); ``scoring.score`` scores them on the held-out questions.
 """
 
@@ -82,6 +83,12 @@ def _model_flags(info: models.ModelInfo) -> list[str]:
     if info.template:
         flags += ["--template", info.template]
     return flags
+
+
+def model_text(info: models.ModelInfo) -> str:
+    """What follows ``--model`` in a typed ``swift export`` or ``swift infer``: the model (a folder relative
+    to the repository, or its hub id), then the flags SWIFT needs to be told about it."""
+    return swiftcli.words(_model_flags(info)[1:])
 
 
 def saved_dtype(model_dir) -> str | None:

@@ -59,14 +59,20 @@ def _swift_finished(subcommand: str, env: dict) -> str:
     return "End time of running main"
 
 
+def env_text(env) -> str:
+    """``{"A": 1, "B": "x y"}`` -> ``"A=1 B='x y' "``: the words a typed command starts with to set them."""
+    return "".join(f"{k}={shlex.quote(str(v))} " for k, v in (env or {}).items())
+
+
+def words(args) -> str:
+    """Arguments as typed at the repository root: quoted for the shell, the checkout's paths relative to it."""
+    return paths.relative_text(shlex.join(map(str, args)))
+
+
 def swift_text(subcommand: str, args, env=None) -> str:
     """A ``swift`` command as text to type in a terminal at the repository root: its environment, then one
     option per line (paths in the checkout relative to it)."""
-    lines = [
-        (
-            " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()) + f" swift {subcommand}"
-        ).strip()
-    ]
+    lines = [env_text(env) + f"swift {subcommand}"]
     for arg in map(str, args):
         if arg.startswith("--") or len(lines) == 1:
             lines.append("    " + shlex.quote(arg))

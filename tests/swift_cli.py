@@ -9,7 +9,8 @@ def parse(command: str, arguments_class) -> dict:
     from swift.utils.utils import _patch_get_type_hints
     from transformers import HfArgumentParser
 
-    argv = shlex.split(command.split(" swift ", 1)[-1].split(None, 1)[1].replace("\\\n", " "))
+    words = shlex.split(command.replace("\\\n", " "))
+    argv = words[words.index("swift") + 2 :]  # after any VAR=value words, `swift` and its subcommand
     with _patch_get_type_hints():
         namespace, unknown = HfArgumentParser([arguments_class]).parse_known_args(argv)
     assert unknown == [], f"flags SWIFT does not know: {unknown}"

@@ -149,3 +149,70 @@ def test_the_committed_fine_tune_clears_each_goal_by_two_answers_also_through_it
         if not prefix:  # general kept: of the answers the base model got right
             kept, n = map(int, re.match(r"(\d+)/(\d+) ", metrics["general_kept"]["note"]).groups())
             assert kept >= scoring.GOALS["general_kept"] * n + 2 - 1e-9, ("general_kept", f"{kept} of {n}")
+
+
+def test_the_merge_and_infer_07_typed_are_the_flags_its_gpu_commands_copy():
+    """07 types `swift export` and `swift infer` in its cells; `inference.gpu_commands` (the gpu profile's
+    commands it shows to copy) builds them from `export_flags` and `infer_flags`. Given what the committed
+    run typed, those build the same arguments, as SWIFT's own parser reads both."""
+    import shlex
+
+    import swift_cli
+    from swift.arguments import ExportArguments, InferArguments
+
+    from helpers import inference, models, paths
+
+    ran = committed_metrics("07")
+    typed_export = swift_cli.parse(ran["export_command"]["value"], ExportArguments)
+    typed_infer = swift_cli.parse(ran["infer_command"]["value"], InferArguments)
+    record = {
+        "checkpoint": typed_export["adapters"][0],
+        "model": typed_export["model"],
+        "model_type": typed_export["model_type"],
+        "template": typed_export["template"],
+        "dtype": typed_export["torch_dtype"],
+    }
+    fresh = paths.build_dir() / "never-made" / "model"  # export_flags refuses a folder that exists
+    copied_export = swift_cli.parse("swift export " + shlex.join(inference.export_flags(record, fresh)), ExportArguments)
+    merged = models.ModelInfo("merged", typed_infer["model"], "test", record["model_type"], record["template"])
+    copied_infer = swift_cli.parse(
+        "swift infer "
+        + shlex.join(
+            inference.infer_flags(
+                merged,
+                typed_infer["val_dataset"][0],
+                typed_infer["result_path"],
+                typed_infer["max_new_tokens"],
+                typed_infer["torch_dtype"],
+                system=typed_infer["system"],
+            )
+        ),
+        InferArguments,
+    )
+    # the cpu model is a local folder: the plugin that keeps SWIFT from running its code is typed in both
+    assert typed_export["external_plugins"] == typed_infer["external_plugins"] == ["helpers/swift_local_code_only.py"]
+    # the folders may not exist here, so the copies may leave the plugin out; everything else is the same
+    skip = {"external_plugins", "output_dir"}
+    assert {k: v for k, v in copied_export.items() if k not in skip} == {
+        k: v for k, v in typed_export.items() if k not in skip
+    }
+    assert {k: v for k, v in copied_infer.items() if k not in skip} == {
+        k: v for k, v in typed_infer.items() if k not in skip
+    }
+
+
+def test_the_sft_09_typed_is_swifts_own_and_leaves_the_checkpointing_choice_to_swift():
+    """09's `sft_command` is typed text; what the committed run ran is read back through SWIFT's parser:
+    two CPU ranks, gradient checkpointing on, no kwargs for it (SWIFT chooses), and --use_cpu true."""
+    import swift_cli
+    from swift import SftArguments
+
+    from helpers import swiftcli
+
+    ran = committed_metrics("09")["swift_ckpt_command"]["value"]
+    env, _, _ = swiftcli.parse_swift_text(ran)
+    args = swift_cli.parse(ran, SftArguments)
+    assert env.get("NPROC_PER_NODE") == "2"
+    assert args["gradient_checkpointing"] is True and args["gradient_checkpointing_kwargs"] is None
+    assert (args["use_cpu"], args["tuner_type"], args["torch_dtype"]) == (True, "lora", "float32")
+

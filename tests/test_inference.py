@@ -124,6 +124,22 @@ def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
     assert flags["system"] == system  # the prompt notebook 06 trained with, asked with again
 
 
+def test_model_text_names_a_local_folder_from_the_repository_with_the_plugin_and_a_hub_model_by_its_id():
+    """What 07's typed commands put after --model: a local folder (relative to the repository, as a learner
+    types it at its root) with the plugin that keeps SWIFT from running its code; a hub model by its id."""
+    from helpers import swiftcli
+
+    local = models.ModelInfo("m", str(paths.ROOT / "helpers"), "test", model_type="llama", template="chatml")
+    assert inference.model_text(local) == (
+        f"helpers --external_plugins {paths.relative(models.LOCAL_CODE_ONLY)} --model_type llama --template chatml"
+    )
+    hub = models.ModelInfo("q", str(paths.ROOT / "helpers"), "test", hub_id="Qwen/Qwen2.5-7B-Instruct")
+    assert inference.model_text(hub) == "Qwen/Qwen2.5-7B-Instruct"
+    spaced = models.ModelInfo("m", "/no/such folder", "test")  # not here: named as given, quoted for the shell
+    _, _, args = swiftcli.parse_swift_text("swift infer --model " + inference.model_text(spaced))
+    assert args == ["--model", "/no/such folder"]
+
+
 # --- files -------------------------------------------------------------------------------------------------
 
 
