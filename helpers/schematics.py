@@ -224,3 +224,62 @@ def plot_dp_vs_ddp(k: int = 3):
     fig.suptitle("Schematic (drawn, not measured): where the data goes in one training step")
     fig.tight_layout()
     return fig
+
+
+def shard_slices(world: int, method: str) -> list[dict[str, tuple[float, float]]]:
+    """Rank by rank, what it keeps of each part of the training state (``sharding.PARTS``), as a slice
+    ``(start, end)`` of the model's parameters in fractions: all of them, or its own 1/N where ``method``
+    shards that part (``sharding.SHARDED``)."""
+    from helpers import sharding
+
+    return [
+        {part: (r / world, (r + 1) / world) if part in sharding.SHARDED[method] else (0.0, 1.0) for part in sharding.PARTS}
+        for r in range(world)
+    ]
+
+
+def plot_sharding(world: int = 4, methods=("ddp", "zero1", "zero2", "zero3", "fsdp2")):
+    """A schematic, not a measurement: for each method, what each of ``world`` ranks keeps of the weights,
+    the fp32 master copy, the gradients and Adam's moments (fp32 Adam; each bar as tall as its bytes per
+    parameter, as wide as all the parameters; coloured where the rank holds it)."""
+    from helpers import sharding
+
+    colors = dict(zip(sharding.PARTS, PALETTE, strict=False))
+    fig, axes = plt.subplots(len(methods), 1, figsize=(12, 1.5 * len(methods) + 1), sharex=True)
+    gap = 0.25
+    for ax, method in zip(axes, methods, strict=True):
+        per_param = sharding.formula_bytes(1, 1, method)  # bytes per parameter of each part, unsharded
+        for rank, slices in enumerate(shard_slices(world, method)):
+            x0, y = rank * (1 + gap), 0.0
+            for part in sharding.PARTS:
+                height = per_param[part]
+                if not height:
+                    continue
+                start, end = slices[part]
+                ax.add_patch(Rectangle((x0, y), 1, height, fc="none", ec="lightgrey"))
+                ax.add_patch(Rectangle((x0 + start, y), end - start, height, fc=colors[part], ec="none"))
+                y += height
+            held = sum(per_param[p] * (e - s) for p, (s, e) in slices.items())
+            ax.text(x0 + 0.5, y + 0.6, f"rank {rank}: {held:g} B per parameter", ha="center", fontsize=8.5)
+        ax.set_xlim(-0.05, world * (1 + gap))
+        ax.set_ylim(0, 25)
+        ax.set_yticks([])
+        ax.set_xticks([])
+        ax.set_ylabel(sharding.METHOD_NAMES[method], rotation=0, ha="right", va="center", fontsize=10)
+        for side in ("top", "right", "left", "bottom"):
+            ax.spines[side].set_visible(False)
+    axes[0].legend(
+        handles=[Rectangle((0, 0), 1, 1, fc=colors[p]) for p in sharding.PARTS],
+        labels=list(sharding.PARTS),
+        ncol=len(sharding.PARTS),
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.12),
+        fontsize=8.5,
+        frameon=False,
+    )
+    fig.suptitle(
+        f"Schematic (drawn, not measured): what each of {world} ranks keeps, fp32 Adam (ZeRO: DeepSpeed's "
+        "fp32 master copy too)\ngrey outline = the whole part, colour = the rank's own"
+    )
+    fig.tight_layout()
+    return fig

@@ -33,7 +33,7 @@ DEEPSPEED_FP32 = Recipe(
 )
 
 METHODS = ("ddp", "zero2", "zero3", "fsdp2")
-METHOD_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp2": "FSDP2"}
+METHOD_NAMES = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp2": "FSDP2"}
 RECIPE = {
     "ddp": FP32_ADAM,
     "zero1": DEEPSPEED_FP32,

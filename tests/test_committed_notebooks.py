@@ -216,3 +216,23 @@ def test_the_sft_09_typed_is_swifts_own_and_leaves_the_checkpointing_choice_to_s
     assert args["gradient_checkpointing"] is True and args["gradient_checkpointing_kwargs"] is None
     assert (args["use_cpu"], args["tuner_type"], args["torch_dtype"]) == (True, "lora", "float32")
 
+
+def test_the_deepspeed_runs_08_typed_are_swifts_own_with_what_a_cpu_needs():
+    """08's `sft_command` is typed text; the committed runs, read back through SWIFT's parser, are two
+    torchrun ranks with SWIFT's ZeRO-2 preset and ZeRO-3 without its batch size, and what a CPU needs:
+    --use_cpu true and fp32 with fp16 and bf16 off."""
+    import swift_cli
+    from swift import SftArguments
+
+    from helpers import swiftcli
+
+    ran = committed_metrics("08")
+    for name in ("zero2", "zero3"):
+        command = ran[f"swift_{name}_command"]["value"]
+        env, _, _ = swiftcli.parse_swift_text(command)
+        args = swift_cli.parse(command, SftArguments)
+        assert env.get("NPROC_PER_NODE") == "2", name
+        assert name in args["deepspeed"] and args["use_cpu"] is True, name
+        assert (args["torch_dtype"], args["fp16"], args["bf16"]) == ("float32", False, False), name
+        assert (args["gradient_checkpointing"], args["save_only_model"]) == (False, False), name
+    assert ran["swift_zero2_command"]["value"].split("--deepspeed ")[1].split()[0] == "zero2"  # SWIFT's own preset

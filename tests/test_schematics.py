@@ -48,3 +48,29 @@ def test_the_schematic_draws_both_data_flows():
     left, right = fig.axes
     assert "DataParallel" in left.get_title() and "DDP" in right.get_title()
     assert "Schematic" in fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("method", ["ddp", "zero1", "zero2", "zero3", "fsdp2"])
+def test_the_sharding_picture_holds_what_the_formulas_say_and_loses_nothing(world, method):
+    from helpers import sharding
+
+    slices = schematics.shard_slices(world, method)
+    per_param = sharding.formula_bytes(1, 1, method)
+    for rank in range(world):  # what the picture colours for a rank is the formula's bytes for it
+        held = {p: per_param[p] * (e - s) for p, (s, e) in slices[rank].items()}
+        assert held == pytest.approx(sharding.formula_bytes(1, world, method))
+    for part in sharding.PARTS:  # together the ranks hold every parameter's share of every part, once if sharded
+        spans = sorted(slices[r][part] for r in range(world))
+        if part in sharding.SHARDED[method]:
+            assert spans[0][0] == 0 and spans[-1][1] == 1 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        else:
+            assert set(spans) == {(0.0, 1.0)}
+
+
+def test_the_sharding_picture_has_one_row_per_method_and_says_it_is_schematic():
+    fig = schematics.plot_sharding(4)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2"]
+    assert "Schematic" in fig._suptitle.get_text()
+    labels = [t.get_text() for t in fig.axes[3].texts]
+    assert labels[0] == "rank 0: 5 B per parameter"  # ZeRO-3 on 4 ranks: (4 + 4 + 4 + 8) / 4
