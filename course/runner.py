@@ -13,6 +13,7 @@ import html
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -242,8 +243,14 @@ def running_cell(executed: Path) -> tuple[int | None, str]:
     return started[-1], _first_code_line(code[started[-1] - 1].source)
 
 
+def _terminated(signum, frame):
+    """SIGTERM (``kill``, a CI job cancelled) stops a run as Ctrl-C does: while the kernel still lives, so
+    that what its cells started in sessions of their own (the Web-UI, torchrun's workers) is stopped too."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def _interrupted(notebook: Path, out: Path, seconds: float) -> NotebookRun:
-    """Ctrl-C during ``notebook``: stop everything it started and say where it stopped."""
+    """Ctrl-C or SIGTERM during ``notebook``: stop everything it started and say where it stopped."""
     stopped = stop_children()
     cell, line = running_cell(out)
     run = NotebookRun(name=notebook.stem, title=title_of(json.loads(notebook.read_text())))
@@ -253,7 +260,7 @@ def _interrupted(notebook: Path, out: Path, seconds: float) -> NotebookRun:
         "cell": cell,
         "line": line,
         "error": "KeyboardInterrupt",
-        "message": f"stopped by Ctrl-C (SIGINT); {stopped} process(es) it had started were stopped.",
+        "message": f"stopped by Ctrl-C (SIGINT) or SIGTERM; {stopped} process(es) it had started were stopped.",
     }
     return run
 
@@ -786,9 +793,11 @@ def main(argv=None) -> int:
             print(f"error: NPROC = {args.nproc!r} must be a whole number of processes, 1 or more, e.g. NPROC=2.",
                   file=sys.stderr)  # fmt: skip
             return 2
+        signal.signal(signal.SIGTERM, _terminated)
         try:
             return gpu_check(args.dry, int(args.nproc) if args.nproc else None, args.shape_on_cpu, args.only)
         except KeyboardInterrupt:
+            stop_children()
             return 130
     if args.command == "prune":
         if not args.keep.isdigit():
@@ -801,8 +810,13 @@ def main(argv=None) -> int:
     from helpers.launching import interruptible
 
     interruptible()  # Ctrl-C must stop the run even when the parent started it with SIGINT ignored
+    signal.signal(signal.SIGTERM, _terminated)
     if args.command == "refresh":
-        return refresh(args.only)
+        try:
+            return refresh(args.only)
+        except KeyboardInterrupt:
+            print(f"refresh stopped; {stop_children()} process(es) it had started were stopped.", file=sys.stderr)
+            return 130
     from helpers.errors import CourseError
 
     try:

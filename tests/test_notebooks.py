@@ -206,6 +206,48 @@ def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
     assert "**Interrupted** in cell 5" in (build / "report.md").read_text()
 
 
+
+def test_sigterm_stops_the_run_and_what_a_cell_started_in_a_session_of_its_own(tmp_path):
+    """`kill <runner>` (or a cancelled CI job) stops the run as Ctrl-C does, and with it a process a cell
+    started in a session of its own, as 06 starts the Web-UI, which would outlive a dead kernel."""
+    import os
+    import signal
+
+    from conftest import processes_mentioning
+
+    marker = f"detached-{os.getpid()}-{time.monotonic_ns()}"
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    mini_notebook(lessons / "01_starts_a_server.ipynb", fails=False)
+    nb = nbformat.read(lessons / "01_starts_a_server.ipynb", as_version=4)
+    nb.cells.append(new_code_cell(
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], start_new_session=True)\n"
+        "time.sleep(600)"
+    ))  # fmt: skip
+    nbformat.write(nb, lessons / "01_starts_a_server.ipynb")
+    build = tmp_path / "build"
+    driver = (
+        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
+        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
+        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not processes_mentioning(marker) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert processes_mentioning(marker), "the cell never started its process"
+    proc.send_signal(signal.SIGTERM)  # to the runner alone, as `kill` sends it
+    out, err = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 10
+    while processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(marker) == [], "the cell's process outlived the run"
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    report = json.loads((build / "report.json").read_text())
+    assert [n["status"] for n in report["notebooks"]] == ["interrupted"]
+
+
 def test_refresh_stores_outputs_and_the_runs_profile_time_and_memory(tmp_path, monkeypatch):
     """`make refresh` keeps what the notebook showed and how long it took (the site's syllabus shows it),
     and drops papermill's timestamps."""
