@@ -191,15 +191,27 @@ def execute(
                 "error": type(exc).__name__,
                 "message": str(exc).splitlines()[0],
             }
+        still = _described(c for c in psutil.Process().children() if c.pid not in before)
         left = stop_children(exclude=before)  # the kernel is gone: what still runs was left by a failure
     if left and run.status == "passed":
-        print(f"{notebook.name}: {left} process(es) it left running were stopped.", flush=True)
+        print(f"{notebook.name}: {left} process(es) it left running were stopped: {still}", flush=True)
     run.seconds = round(time.perf_counter() - start, 1)
     run.peak_memory_mb = round(memory.peak / 2**20, 1)
     run.executed = str(out)
     if out.exists():
         run.metrics = metrics.collect(nbformat.read(out, as_version=4))
     return run
+
+
+def _described(processes) -> str:
+    """What the processes are, by the start of their command lines, for a message."""
+    said = []
+    for proc in processes:
+        try:
+            said.append(" ".join(proc.cmdline()[:4])[:120] or proc.name())
+        except psutil.Error:
+            continue
+    return "; ".join(said) or "(gone before they could be named)"
 
 
 def stop_children(exclude=()) -> int:

@@ -248,6 +248,36 @@ def test_sigterm_stops_the_run_and_what_a_cell_started_in_a_session_of_its_own(t
     assert [n["status"] for n in report["notebooks"]] == ["interrupted"]
 
 
+
+def test_a_process_a_passing_notebook_left_running_is_stopped_and_named(tmp_path):
+    """A cell that starts a process in a session of its own and never stops it: the notebook passes, and the
+    runner stops what is left and says what it was."""
+    import os
+
+    from conftest import processes_mentioning
+
+    marker = f"left-behind-{os.getpid()}-{time.monotonic_ns()}"
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    mini_notebook(lessons / "01_leaves_one.ipynb", fails=False)
+    nb = nbformat.read(lessons / "01_leaves_one.ipynb", as_version=4)
+    nb.cells.append(new_code_cell(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], start_new_session=True)"
+    ))  # fmt: skip
+    nbformat.write(nb, lessons / "01_leaves_one.ipynb")
+    driver = (
+        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
+        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
+        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(tmp_path / 'build')!r}, '--no-progress']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "01_leaves_one.ipynb: 1 process(es) it left running were stopped: " in done.stdout
+    assert marker in done.stdout
+    assert processes_mentioning(marker) == []
+
+
 def test_refresh_stores_outputs_and_the_runs_profile_time_and_memory(tmp_path, monkeypatch):
     """`make refresh` keeps what the notebook showed and how long it took (the site's syllabus shows it),
     and drops papermill's timestamps."""
