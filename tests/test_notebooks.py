@@ -137,6 +137,33 @@ def test_a_failing_notebook_fails_the_run_and_is_named_with_its_cell(tmp_path, m
     assert "FAILED: 02_fails, cell 5" in capsys.readouterr().err
 
 
+def lesson_with(path, code: str) -> None:
+    """A tiny lesson (:func:`mini_notebook`) whose last cell runs ``code``."""
+    mini_notebook(path, fails=False)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(new_code_cell(code))
+    nbformat.write(nb, path)
+
+
+def detached_sleeper(marker: str) -> str:
+    """Code for a cell that starts a process in a session of its own (as 06 starts the Web-UI), sleeping for
+    ten minutes, with ``marker`` on its command line."""
+    return (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], start_new_session=True)\n"
+    )
+
+
+def runner_command(lessons, build) -> list[str]:
+    """`make run PROFILE=smoke` over the notebooks in ``lessons``, into ``build``, as a command to start."""
+    driver = (
+        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
+        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
+        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
+    )
+    return [sys.executable, "-c", driver]
+
+
 HANG = """
 import time
 import torch.distributed as dist
@@ -163,25 +190,16 @@ def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
     mini_notebook(lessons / "01_passes.ipynb", fails=False)
-    nb = nbformat.read(lessons / "01_passes.ipynb", as_version=4)
-    nb.cells.append(
-        new_code_cell(f"from helpers import launching\nlaunching.torchrun({str(script)!r}, nproc=2)")
-    )
-    nbformat.write(nb, lessons / "02_hangs.ipynb")
+    lesson_with(lessons / "02_hangs.ipynb", f"from helpers import launching\nlaunching.torchrun({str(script)!r}, nproc=2)")
     mini_notebook(lessons / "03_never_reached.ipynb", fails=False)
     build = tmp_path / "build"
-    driver = (
-        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
-        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
-        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
-    )
 
     def like_nohup():  # its own process group, as a terminal's foreground job; SIGINT ignored
         os.setsid()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        runner_command(lessons, build), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=like_nohup,
     )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -218,21 +236,9 @@ def test_sigterm_stops_the_run_and_what_a_cell_started_in_a_session_of_its_own(t
     marker = f"detached-{os.getpid()}-{time.monotonic_ns()}"
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
-    mini_notebook(lessons / "01_starts_a_server.ipynb", fails=False)
-    nb = nbformat.read(lessons / "01_starts_a_server.ipynb", as_version=4)
-    nb.cells.append(new_code_cell(
-        "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], start_new_session=True)\n"
-        "time.sleep(600)"
-    ))  # fmt: skip
-    nbformat.write(nb, lessons / "01_starts_a_server.ipynb")
+    lesson_with(lessons / "01_starts_a_server.ipynb", detached_sleeper(marker) + "import time\ntime.sleep(600)")
     build = tmp_path / "build"
-    driver = (
-        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
-        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
-        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(build)!r}, '--no-progress']))\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(runner_command(lessons, build), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not processes_mentioning(marker) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
@@ -248,7 +254,6 @@ def test_sigterm_stops_the_run_and_what_a_cell_started_in_a_session_of_its_own(t
     assert [n["status"] for n in report["notebooks"]] == ["interrupted"]
 
 
-
 def test_a_process_a_passing_notebook_left_running_is_stopped_and_named(tmp_path):
     """A cell that starts a process in a session of its own and never stops it: the notebook passes, and the
     runner stops what is left and says what it was."""
@@ -259,19 +264,8 @@ def test_a_process_a_passing_notebook_left_running_is_stopped_and_named(tmp_path
     marker = f"left-behind-{os.getpid()}-{time.monotonic_ns()}"
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
-    mini_notebook(lessons / "01_leaves_one.ipynb", fails=False)
-    nb = nbformat.read(lessons / "01_leaves_one.ipynb", as_version=4)
-    nb.cells.append(new_code_cell(
-        "import subprocess, sys\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}], start_new_session=True)"
-    ))  # fmt: skip
-    nbformat.write(nb, lessons / "01_leaves_one.ipynb")
-    driver = (
-        "import sys; from pathlib import Path; from helpers import paths; from course import runner\n"
-        f"paths.NOTEBOOKS = Path({str(lessons)!r})\n"
-        f"sys.exit(runner.main(['run', '--profile', 'smoke', '--build', {str(tmp_path / 'build')!r}, '--no-progress']))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300)
+    lesson_with(lessons / "01_leaves_one.ipynb", detached_sleeper(marker))
+    done = subprocess.run(runner_command(lessons, tmp_path / "build"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "01_leaves_one.ipynb: 1 process(es) it left running were stopped: " in done.stdout
     assert marker in done.stdout
