@@ -35,15 +35,41 @@ _LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
 _LAUNCHER_CHATTER = re.compile(r"^[WI]\d{4} ")  # its warnings and info: kept in .lines, not shown
 # library chatter folded out of what a learner sees (every line stays in the launch's output file):
 # SWIFT's and DeepSpeed's INFO/WARNING lines, transformers' notices, datasets' remote-code notice,
-# progress bars, blank lines, and c10d's failed name lookup of a peer (the network lab's addresses have none)
+# progress bars (also where a bar redrawn in place leaves the next rank prefix on its line), blank lines,
+# and c10d's failed name lookup of a peer (the network lab's addresses have none)
 _FOLDED = re.compile(
     r"^(?:\[(?:WARNING|INFO):swift\]|\[transformers\]|\[\d{4}-\d\d-\d\d [\d:,]+\] \[(?:INFO|WARNING)\]"
     r"|`trust_remote_code` is not supported anymore|Please check that the Hugging Face dataset"
-    r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\||(?:it/s|s/it|examples/s)\]\s*$"
+    r"|If the dataset is based on a loading script|\s*$)|\d+%\|.*\||(?:it/s|s/it|examples/s)\](?:\s*\[rank\d+\]:)*\s*$"
     r"|\[c10d\] The hostname of the client socket cannot be retrieved"
 )
+# SWIFT's training-step lines ({'loss': ..., 'global_step/max_steps': 'k/n', ...}): the first, the last and
+# every ceil(n/5)th are shown, each as one short line; all of them stay in the output file and in .lines
+_STEP = re.compile(r"^\{'loss': .*'global_step/max_steps': '(\d+)/(\d+)'")
 _TAIL = 12
 TEARDOWN_ABORT = "terminate called without an active exception"  # gloo, in interpreter teardown
+
+
+def step_line(text: str) -> str | None:
+    """One of SWIFT's training-step lines as a learner reads it (``step 20/100: loss 1.0736, token_acc 0.776,
+    24s elapsed, 3m 39s left``), or None for a step that is not shown: only the first, the last and every
+    ceil(n/5)th of n steps are."""
+    import ast
+
+    found = _STEP.match(text)
+    done, total = int(found.group(1)), int(found.group(2))
+    if done not in (1, total) and done % -(-total // 5):  # every ceil(n/5)th step
+        return None
+    try:
+        entry = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        return text
+    parts = [f"step {done}/{total}: loss {entry['loss']:.4f}"]
+    if "token_acc" in entry:
+        parts.append(f"token_acc {entry['token_acc']:.3f}")
+    if "elapsed_time" in entry:
+        parts.append(f"{entry['elapsed_time']} elapsed, {entry.get('remaining_time', '?')} left")
+    return ", ".join(parts)
 
 
 class LaunchError(CourseError):
@@ -179,6 +205,7 @@ class Launch:
         self.proc = None
         self.lines: list[str] = []
         self.folded = 0  # lines not shown (see _FOLDED); all of them are in output_file
+        self.steps_folded = 0  # SWIFT step lines not shown (see _STEP)
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label or Path(self.argv[0]).name).strip("-") or "launch"
         self.output_file = (
             paths.run_dir("logs") / f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}.txt"
@@ -239,8 +266,9 @@ class Launch:
             if line is None:
                 if self._output:
                     self._output.close()
-                if show and self.folded:
-                    print(f"{tag}({self.folded} lines of library logs, progress bars and blank lines not shown; "
+                if show and (self.folded or self.steps_folded):
+                    steps = f", and {self.steps_folded} of SWIFT's step lines," if self.steps_folded else ""
+                    print(f"{tag}({self.folded} lines of library logs, progress bars and blank lines{steps} not shown; "
                           f"the whole output is in {paths.relative(self.output_file)})", flush=True)  # fmt: skip
                 return True
             self.lines.append(line)
@@ -252,9 +280,17 @@ class Launch:
                 self.per_rank[int(match.group(1))].append(match.group(2))
             if not show or _LAUNCHER_CHATTER.match(line):
                 continue
-            if _FOLDED.search(match.group(2) if match else line):
+            body = match.group(2) if match else line
+            if _FOLDED.search(body):
                 self.folded += 1
                 continue
+            step = _STEP.match(body)
+            if step:
+                shown = step_line(body)
+                if shown is None:
+                    self.steps_folded += 1
+                    continue
+                line = line[: len(line) - len(body)] + shown  # the rank prefix, if any, then the short line
             print(f"{tag}{paths.relative_text(line)}", flush=True)
 
     def stop(self) -> int:

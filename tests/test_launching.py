@@ -279,6 +279,7 @@ def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
     [
         ("[WARNING:swift] Loading model from 'x' with trust_remote_code=True.", True),
         ("Map (num_proc=1): 128 examples [00:00, 451.69 examples/s]       ", True),
+        ("Map (num_proc=1): 192 examples [00:00, 813.27 examples/s]       [rank0]:", True),
         ("Loading weights: 100%|██████████| 272/272 [00:00<00:00, 32992.59it/s]", True),
         ("", True),
         ("{'loss': 3.46707225, 'grad_norm': 2.61, 'global_step/max_steps': '1/40'}", False),
@@ -353,3 +354,34 @@ def test_launched_processes_wait_without_spinning_unless_the_environment_says_ot
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     [result] = launching.run(launching.Launch([sys.executable, "-c", code], timeout=60), show=False)
     assert "policy ACTIVE" in result.output
+
+
+def test_swifts_step_lines_are_shown_as_short_lines_every_fifth_of_the_run(build, capsys):
+    """100 step dicts become 7 short lines (steps 1, 20, 40, 60, 80, 100, and none twice); every line is
+    still in the output file, and the fold note counts the rest."""
+    steps = [
+        f"{{'loss': {1 + 1 / k:.8f}, 'grad_norm': 1.2, 'learning_rate': 0.0007, 'token_acc': 0.75, "
+        f"'global_step/max_steps': '{k}/100', 'elapsed_time': '{k}s', 'remaining_time': '{100 - k}s'}}"
+        for k in range(1, 101)
+    ]
+    code = "import sys\nfor line in sys.stdin.read().splitlines(): print('[rank0]:' + line)\nprint('done')"
+    script = build / "steps.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(code.replace("sys.stdin.read().splitlines()", repr(steps)))
+    launch = launching.Launch([sys.executable, str(script)], label="steps", timeout=60)
+    launching.run(launch)
+    shown = capsys.readouterr().out.splitlines()[1:]
+    step_lines = [line for line in shown if "step " in line and "/100" in line]
+    assert [line.split(":")[1].strip().split()[1] for line in step_lines] == [
+        "1/100", "20/100", "40/100", "60/100", "80/100", "100/100"]  # fmt: skip
+    assert step_lines[1] == "[rank0]:step 20/100: loss 1.0500, token_acc 0.750, 20s elapsed, 80s left"
+    assert "and 94 of SWIFT's step lines, not shown" in shown[-1] and "done" in shown
+    assert len(launch.output_file.read_text().splitlines()) == 101
+
+
+@pytest.mark.parametrize("total", [1, 3, 8, 100])
+def test_a_short_run_shows_its_first_and_last_step(total):
+    entry = "{{'loss': 1.5, 'global_step/max_steps': '{k}/{n}'}}"
+    shown = [k for k in range(1, total + 1) if launching.step_line(entry.format(k=k, n=total)) is not None]
+    assert shown[0] == 1 and shown[-1] == total and len(shown) <= 6
+    assert launching.step_line(entry.format(k=total, n=total)) == f"step {total}/{total}: loss 1.5000"
