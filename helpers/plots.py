@@ -317,20 +317,22 @@ def stacked_vs_formula(
 
 
 def training_curves(
-    runs: dict, *, metrics=(("loss", "loss"), ("token_acc", "token accuracy")), title: str = ""
+    runs: dict, *, metrics=(("loss", "loss"), ("token_acc", "token accuracy")), title: str = "", up_to=None
 ):
     """One panel per metric, side by side, one line per run. ``runs`` maps a label to an object with
-    ``steps`` and the metric attributes (e.g. ``helpers.sft.RunLog``), all as measured."""
+    ``steps`` and the metric attributes (e.g. ``helpers.sft.RunLog``), all as measured; ``up_to``: the last
+    step drawn, so that runs of different lengths are compared at the same steps."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False)
     styles = ["-", "--", ":", "-."]
     for ax, (attr, name) in zip(axes[0], metrics, strict=True):
         for i, (label, run) in enumerate(runs.items()):
-            values = getattr(run, attr)
+            kept = [i for i, step in enumerate(run.steps) if up_to is None or step <= up_to]
+            steps, values = [run.steps[i] for i in kept], [getattr(run, attr)[i] for i in kept]
             marker = "o" if len(values) <= 12 else None
             ax.plot(
-                run.steps,
+                steps,
                 values,
                 styles[i % len(styles)],
                 marker=marker,
