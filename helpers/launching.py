@@ -72,6 +72,11 @@ def step_line(text: str) -> str | None:
     return ", ".join(parts)
 
 
+def env_text(env) -> str:
+    """``{"A": 1, "B": "x y"}`` -> ``"A=1 B='x y' "``: the words a typed command starts with to set them."""
+    return "".join(f"{k}={shlex.quote(str(v))} " for k, v in (env or {}).items())
+
+
 class LaunchError(CourseError):
     """A launched job failed: which rank, with which exit code, and how its traceback ended."""
 
@@ -221,8 +226,7 @@ class Launch:
         """The exact command, with the environment variables this launch sets, ready to paste in a terminal
         at the repository root (paths inside the checkout are written relative to it)."""
         shown = {k: v for k, v in self.extra_env.items() if k != RESULTS_ENV}
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-        return paths.relative_text((env + " " if env else "") + shlex.join(self.argv))
+        return paths.relative_text(env_text(shown) + shlex.join(self.argv))
 
     def start(self) -> None:
         import subprocess

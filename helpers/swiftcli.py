@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import launching, paths
 from helpers.errors import CourseError
-from helpers.launching import RANK_PREFIX, RESULTS_ENV, Launch, LaunchResult, free_port, log_folder
+from helpers.launching import RANK_PREFIX, RESULTS_ENV, Launch, LaunchResult, env_text, free_port, log_folder
 
 
 def prepare_swift(
@@ -57,11 +57,6 @@ def _swift_finished(subcommand: str, env: dict) -> str:
     if quiet and subcommand in ("sft", "pt", "rlhf"):
         return "'train_runtime'"
     return "End time of running main"
-
-
-def env_text(env) -> str:
-    """``{"A": 1, "B": "x y"}`` -> ``"A=1 B='x y' "``: the words a typed command starts with to set them."""
-    return "".join(f"{k}={shlex.quote(str(v))} " for k, v in (env or {}).items())
 
 
 def words(args) -> str:
