@@ -1,6 +1,6 @@
 """Execute the course: every notebook in order with papermill, then HTML pages and a run report.
 
-``python -m course.runner run [--profile P] [--only 05 ...]``  executes into build/executed/,
+``python -m course.runner run [--profile P] [--only 08 ...]``  executes into build/executed/,
 renders build/html/ and build/index.html, writes build/report.md and build/report.json.
 ``python -m course.runner refresh`` re-executes the notebooks and stores their outputs in place.
 """
@@ -26,7 +26,7 @@ from course import metrics
 from helpers import paths
 
 # Seconds one cell may run, by profile: longer than the longest launch timeout a cell gives on that profile
-# (notebook 06: 600 s on cpu, 240 s on smoke, 3600 s on gpu), so that a launch's own timeout, which
+# (notebook 09: 600 s on cpu, 240 s on smoke, 3600 s on gpu), so that a launch's own timeout, which
 # names the job and prints its last lines, always fires first.
 CELL_TIMEOUT = {"cpu": 1200, "smoke": 600, "gpu": 7200}
 # Wall-time budgets in seconds per notebook number and profile; the report compares against them.
@@ -34,12 +34,12 @@ BUDGETS = {
     "01": {"cpu": 120, "smoke": 30},
     "02": {"cpu": 120, "smoke": 30},
     "03": {"cpu": 180, "smoke": 45},
-    "04": {"cpu": 180, "smoke": 45},
-    "05": {"cpu": 60, "smoke": 60},
-    "06": {"cpu": 300, "smoke": 60},  # the fine-tune: 5 minutes; 07-09 2 minutes each
-    "07": {"cpu": 120, "smoke": 60},
-    "08": {"cpu": 120, "smoke": 60},
-    "09": {"cpu": 120, "smoke": 60},
+    "06": {"cpu": 180, "smoke": 45},
+    "08": {"cpu": 60, "smoke": 60},
+    "09": {"cpu": 300, "smoke": 60},  # the fine-tune: 5 minutes; 10-12 2 minutes each
+    "10": {"cpu": 120, "smoke": 60},
+    "11": {"cpu": 120, "smoke": 60},
+    "12": {"cpu": 120, "smoke": 60},
 }
 COURSE_BUDGET = {"cpu": 15 * 60}  # all nine notebooks in `make run`, set-up excluded
 
@@ -526,20 +526,20 @@ def refresh(only=None) -> int:
     return status
 
 
-# `make gpu-check`: the gpu profile of 03, 04 and 06-09 on a tiny Qwen2 built on the spot (no download,
+# `make gpu-check`: the gpu profile of 03, 06 and 09-12 on a tiny Qwen2 built on the spot (no download,
 # no network), a few steps each, on a machine with CUDA. MODEL is added where a notebook has it.
 GPU_CHECK = {
-    # 03: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03 and 04: the cpu
+    # 03: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03 and 06: the cpu
     # profile's batches and widths, the sizes of their lessons when one GPU runs their ranks on the CPU
     "03": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64, "LARGEST_MIB": 16, "LAB_RATES": [1500]},
-    "04": {"BATCH": 32, "HIDDEN": 512, "BENCH_STEPS": 8},
-    # 06: the path, not the finding; the Web-UI has no gpu path (the notebooks stage starts it on smoke)
-    "06": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1], "WEBUI": False},
-    "07": {"MAX_TOKENS": 16},
-    # 08: the tiny model needs smoke's headroom; the ZeRO-2 preset's failure without --use_cpu happens only on
+    "06": {"BATCH": 32, "HIDDEN": 512, "BENCH_STEPS": 8},
+    # 09: the path, not the finding; the Web-UI has no gpu path (the notebooks stage starts it on smoke)
+    "09": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1], "WEBUI": False},
+    "10": {"MAX_TOKENS": 16},
+    # 11: the tiny model needs smoke's headroom; the ZeRO-2 preset's failure without --use_cpu happens only on
     # CPUs (a GPU skips that cell; the shape on a CPU would run it, for nothing gpu-check looks at)
-    "08": {"HEADROOM_PERCENT": 150, "STEPS": 4, "SWIFT_STEPS": 2, "SHOW_CPU_PITFALL": False},
-    "09": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
+    "11": {"HEADROOM_PERCENT": 150, "STEPS": 4, "SWIFT_STEPS": 2, "SHOW_CPU_PITFALL": False},
+    "12": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
 }
 GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
 # Its own limits: a hang in an 8-minute check must cost minutes, not the hour a full gpu run allows a launch.
@@ -616,7 +616,7 @@ def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bo
     """What ``make gpu-check`` runs on ``nproc`` GPUs, as a shell script to run from the repository root: the
     environment, then one papermill command per notebook of GPU_CHECK. ``make gpu-check`` runs exactly these
     lines (:func:`run_script` reads them with papermill's own command line), and ``DRY=1`` prints them.
-    ``illustrate_seed`` adds, as comments, the ``swift sft`` notebook 06 runs with the seed's model and recipe."""
+    ``illustrate_seed`` adds, as comments, the ``swift sft`` notebook 09 runs with the seed's model and recipe."""
     import shlex
 
     from helpers import models, profiles, sft
@@ -652,7 +652,7 @@ def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bo
             seed, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
             model_author=("并行训练营", "Parallel Training Camp"), inherit=False,
         )  # fmt: skip
-        shown = f"# and what notebook 06 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
+        shown = f"# and what notebook 09 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
         lines.append(shown + (f" ({note})" if note else "") + ":")
         lines += ["#   " + line for line in sft.shell_command(plan).splitlines()]
     return "\n".join(lines) + "\n"
@@ -785,16 +785,16 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="execute the course into build/")
     run_p.add_argument("--profile", default=os.environ.get("PROFILE", "auto"))
-    run_p.add_argument("--only", nargs="*", help="notebook numbers, e.g. 05 06")
+    run_p.add_argument("--only", nargs="*", help="notebook numbers, e.g. 08 09")
     run_p.add_argument("--build", type=Path, default=None, help="output folder (default build/)")
     run_p.add_argument("--no-progress", action="store_true")
     ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
     ref.add_argument("--only", nargs="*")
-    gc = sub.add_parser("gpu-check", help="the gpu profile of 03, 04, 06-09 on a tiny Qwen2 (needs CUDA)")
+    gc = sub.add_parser("gpu-check", help="the gpu profile of 03, 06, 09-12 on a tiny Qwen2 (needs CUDA)")
     gc.add_argument("--dry", action="store_true", help="print the commands (for 1 and 8 GPUs); needs no GPU")
     gc.add_argument("--nproc", default="", help="processes per launch; default: one per GPU (1 on the CPU)")
     gc.add_argument("--shape-on-cpu", action="store_true", help="the gpu shape on the CPU (gloo, no CUDA)")
-    gc.add_argument("--only", nargs="*", help="some notebook numbers, e.g. 06 07 (make gpu-check runs all)")
+    gc.add_argument("--only", nargs="*", help="some notebook numbers, e.g. 09 10 (make gpu-check runs all)")
     pr = sub.add_parser("prune", help="delete all but the newest KEEP versions of each run in build/outputs/")
     pr.add_argument("--keep", required=True)
     pr.add_argument("--dry-run", action="store_true")

@@ -31,21 +31,21 @@ One module per lesson concept, each explained in its notebook:
 - dp_costs      02: what DataParallel costs the main device, step times against K, torch's own DataParallel
 - collective    03: collectives by hand (a ring all-reduce), algbw / busbw, the alpha-beta model of a link
 - bucketing     03: how DDP's Reducer packs gradients into buckets, read back from torch
-- comm_hooks    03, 04: overlap read from timed steps, drawn and summarised
-- netlab        03, 04: nodes as network namespaces on a rate-limited link, for torchrun across them
-- training      04: toy data and model, the checks of a run's layout, all-reduce volume, scaling
-- sampling      04: DistributedSampler's shards, with and without set_epoch
-- checkpoints   04: atomic checkpoints, resumed bit for bit after a killed worker
-- selfcog       06: the self-cognition data, its placeholders and the held-out questions
-- answering     06, 07: SWIFT's inference engine in the kernel, and the base model's own general answers
-- sft           06: `swift sft` as one plan (flags or SftArguments), the seed's recipe, SWIFT's logs
-- lora          06, 07: a trained adapter checked, fingerprinted and recorded for notebook 07
-- scoring       06, 07: whole answers scored on the held-out questions, per language
-- web           06: SWIFT's Web-UI started, reached, mapped to flags and stopped
-- inference     07: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
-- devicemap     08: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
-- sharding      08: the ZeRO formulas and ring traffic that 08's script's measured bytes are checked against
-- troubleshooting 09: the seed's four tips reproduced, and debugging a hang
+- comm_hooks    03, 06: overlap read from timed steps, drawn and summarised
+- netlab        03, 06: nodes as network namespaces on a rate-limited link, for torchrun across them
+- training      06: toy data and model, the checks of a run's layout, all-reduce volume, scaling
+- sampling      06: DistributedSampler's shards, with and without set_epoch
+- checkpoints   06: atomic checkpoints, resumed bit for bit after a killed worker
+- selfcog       09: the self-cognition data, its placeholders and the held-out questions
+- answering     09, 10: SWIFT's inference engine in the kernel, and the base model's own general answers
+- sft           09: `swift sft` as one plan (flags or SftArguments), the seed's recipe, SWIFT's logs
+- lora          09, 10: a trained adapter checked, fingerprinted and recorded for notebook 10
+- scoring       09, 10: whole answers scored on the held-out questions, per language
+- web           09: SWIFT's Web-UI started, reached, mapped to flags and stopped
+- inference     10: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
+- devicemap     11: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
+- sharding      11: the ZeRO formulas and ring traffic that 11's script's measured bytes are checked against
+- troubleshooting 12: the seed's four tips reproduced, and debugging a hang
 """
 
 from helpers.errors import CourseError

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers.errors import CourseError
 
-# Disk the gpu profile's route takes, in GB: the seed's model, 09's base model, 07's merged copy (each about
+# Disk the gpu profile's route takes, in GB: the seed's model, 12's base model, 10's merged copy (each about
 # 15.2 GB in bf16), plus adapters, checkpoints and hub data (a few GB).
 HUB_SIZES_GB = {"Qwen/Qwen2.5-7B-Instruct": 15.3, "Qwen/Qwen2.5-7B": 15.3}
 
@@ -51,16 +51,16 @@ def _cached(model_id: str) -> Path | None:
 
 
 def gpu_route_space(outputs) -> str:
-    """Before the gpu profile's first download: what the route through 05-09 downloads and writes, checked
-    against the free space (one sentence when short). The downloads go to the modelscope cache, what 06 and
-    07 write to ``outputs``; a model already in the cache counts as downloaded."""
+    """Before the gpu profile's first download: what the route through 08-12 downloads and writes, checked
+    against the free space (one sentence when short). The downloads go to the modelscope cache, what 09 and
+    10 write to ``outputs``; a model already in the cache counts as downloaded."""
     from helpers.profiles import GPU_DEFAULT_MODEL
 
     to_fetch = {m: gb for m, gb in HUB_SIZES_GB.items() if _cached(m) is None}
-    written = HUB_SIZES_GB[GPU_DEFAULT_MODEL] + 2  # 07's merged copy, and 06's adapters and checkpoints
+    written = HUB_SIZES_GB[GPU_DEFAULT_MODEL] + 2  # 10's merged copy, and 09's adapters and checkpoints
     if to_fetch:
         check_space(modelscope_cache(), sum(to_fetch.values()) + 1, f"downloading {' and '.join(to_fetch)}")
-    check_space(outputs, written, "what notebooks 06 and 07 write (adapters, checkpoints, a merged 7B model)")
+    check_space(outputs, written, "what notebooks 09 and 10 write (adapters, checkpoints, a merged 7B model)")
     fetch = sum(to_fetch.values())
     hours = ", ".join(f"{fetch * 1e3 / rate / 3600:.1f} h at {rate} MB/s" for rate in (10, 50))
     return (

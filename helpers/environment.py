@@ -19,7 +19,7 @@ KEY_PACKAGES = ("torch", "ms-swift", "transformers", "peft", "trl", "accelerate"
 LOCK = "requirements-lock.txt"
 LOCK_NO_TORCH = "requirements-lock-no-torch.txt"
 # The torch releases the course supports where torch is not the locked one (a GPU image's own CUDA build):
-# 2.6 is the first with FSDP2's public torch.distributed.fsdp.fully_shard (notebook 08; transformers 5
+# 2.6 is the first with FSDP2's public torch.distributed.fsdp.fully_shard (notebook 11; transformers 5
 # itself asks for 2.5+), and 2.13 is the release the course is tested with (the lock's).
 TORCH_SUPPORTED = ("2.6", "2.13")
 

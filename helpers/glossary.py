@@ -35,7 +35,7 @@ def terms() -> list[Term]:
 
 
 def table(notebook: str) -> str:
-    """The Markdown table of the terms notebook ``notebook`` ("01".."09") lists."""
+    """The Markdown table of the terms notebook ``notebook`` ("01".."12") lists."""
     rows = [t for t in terms() if notebook in t.notebooks]
     return "\n".join(["| English | 中文 |", "|---|---|"] + [f"| {t.english} | {t.chinese} |" for t in rows])
 

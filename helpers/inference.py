@@ -1,6 +1,6 @@
 """Merging and inference (模型合并 / 模型推理): the recorded adapter, swift export / infer, logits, sizes.
 
-Notebook 07 takes the adapter notebook 06 recorded (:func:`recorded_adapter`), merges it into the base
+Notebook 10 takes the adapter notebook 09 recorded (:func:`recorded_adapter`), merges it into the base
 model with ``swift export --merge_lora true`` (typed in its cell; :func:`model_text` fills in the model,
 :func:`export_flags` keeps a copy of the flags for the gpu profile's commands), checks that the merged weights give
 the logits the base model plus the adapter gives (:func:`prompt_batch`, :func:`logits`, :func:`largest_gap`),
@@ -21,28 +21,28 @@ QUESTIONS_FILE = "questions.jsonl"
 ANSWERS_FILE = "answers.jsonl"
 
 
-# --- the adapter notebook 06 recorded ---------------------------------------------------------------
+# --- the adapter notebook 09 recorded ---------------------------------------------------------------
 
 
 def recorded_adapter(profile: str) -> dict:
-    """The record notebook 06 wrote for ``profile``, checked: the adapter exists, is LoRA, is unchanged."""
+    """The record notebook 09 wrote for ``profile``, checked: the adapter exists, is LoRA, is unchanged."""
     record = lora.load_latest(profile)
     if record is None:
         raise CourseError(
             f"no adapter is recorded for the {profile} profile in {lora.latest_path()}; "
-            f"run notebook 06 first (make run PROFILE={profile} ONLY=06)."
+            f"run notebook 09 first (make run PROFILE={profile} ONLY=09)."
         )
     checkpoint = Path(record["checkpoint"])
     if not checkpoint.is_dir():
         raise CourseError(
-            f"the adapter notebook 06 recorded, {checkpoint}, is gone; "
-            f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
+            f"the adapter notebook 09 recorded, {checkpoint}, is gone; "
+            f"run notebook 09 again (make run PROFILE={profile} ONLY=09)."
         )
     lora.check_adapter(checkpoint)
     if not lora.untouched(record):
         raise CourseError(
-            f"the adapter in {checkpoint} changed after notebook 06 recorded it; "
-            f"run notebook 06 again (make run PROFILE={profile} ONLY=06)."
+            f"the adapter in {checkpoint} changed after notebook 09 recorded it; "
+            f"run notebook 09 again (make run PROFILE={profile} ONLY=09)."
         )
     return record
 
@@ -52,7 +52,7 @@ def base_model(record: dict) -> models.ModelInfo:
     return models.ModelInfo(
         name=record.get("hub_id") or Path(record["model"]).name,
         path=record["model"],
-        source="recorded by notebook 06",
+        source="recorded by notebook 09",
         model_type=record.get("model_type"),
         template=record.get("template"),
         hub_id=record.get("hub_id"),
@@ -102,7 +102,7 @@ def saved_dtype(model_dir) -> str | None:
 
 def export_flags(record: dict, output_dir, dtype: str | None = None) -> list[str]:
     """The arguments after ``swift export`` that merge the recorded adapter into ``output_dir``, in ``dtype``:
-    by default the dtype notebook 06 trained in (its record), else the base model's own."""
+    by default the dtype notebook 09 trained in (its record), else the base model's own."""
     output_dir = Path(output_dir)
     if output_dir.exists():
         raise CourseError(f"{output_dir} already exists; merge into a new folder (paths.new_output_dir).")
@@ -158,7 +158,7 @@ def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "
     Both are one process. With several GPUs visible, one process spreads the model over all of them
     (swift/model/utils.py, ``get_default_device_map``: "auto" when more devices than processes), so the
     commands keep one GPU visible: a 7B model in bf16 (about 15 GB) fits one 24 GB card. The checkpoint
-    and version folders are placeholders for the ones notebook 06 recorded.
+    and version folders are placeholders for the ones notebook 09 recorded.
     """
     record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model, "dtype": dtype}
     merged = "build/outputs/self-cognition-merged/vN/model"

@@ -401,7 +401,7 @@ def run(*launches: Launch, timeout: float | None = None, show: bool = True) -> l
                     f"the job did not finish within {limit}, so all {stopped} of its processes "
                     "were stopped. Its last lines:\n    "
                     + "\n    ".join(paths.relative_text(line) for line in tail)
-                    + "\n  Raise `timeout=` if it is just slow, or see notebook 09 on debugging hangs."
+                    + "\n  Raise `timeout=` if it is just slow, or see notebook 12 on debugging hangs."
                 )
             time.sleep(0.05)
     except KeyboardInterrupt:

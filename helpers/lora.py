@@ -1,6 +1,6 @@
 """A trained LoRA adapter: checked, counted, fingerprinted, and recorded for notebook 07.
 
-The adapter notebook 07 should use is recorded in ``build/outputs/latest-self-cognition.json``, one
+The adapter notebook 10 should use is recorded in ``build/outputs/latest-self-cognition.json``, one
 record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never replaces the cpu adapter).
 :func:`save_latest` writes it atomically under a lock; ``load_latest(profile.name)`` reads one record:
 
@@ -9,9 +9,9 @@ record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never repla
   ``hub_id`` when it came from ModelScope (``--model`` then names the id)
 - ``model_name``, ``model_author``: the [zh, en] pairs used for the placeholders
 - ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
-- ``profile``, ``scores`` (held-out identity / general scores measured in notebook 06), ``written``
-- ``goals``: the goals notebook 06 asserted for this adapter (:data:`scoring.GOALS` on cpu, ``GPU_GOALS``
-  for the seed's recipe on a GPU), which notebook 07 asserts for the merged model; None where none were
+- ``profile``, ``scores`` (held-out identity / general scores measured in notebook 09), ``written``
+- ``goals``: the goals notebook 09 asserted for this adapter (:data:`scoring.GOALS` on cpu, ``GPU_GOALS``
+  for the seed's recipe on a GPU), which notebook 10 asserts for the merged model; None where none were
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def latest_path() -> Path:
 
 
 def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, **extra) -> Path:
-    """Record the adapter notebook 07 should use under ``profile``, atomically (keys: module docstring)."""
+    """Record the adapter notebook 10 should use under ``profile``, atomically (keys: module docstring)."""
     check_adapter(checkpoint)
     record = {
         "checkpoint": str(Path(checkpoint).resolve()),

@@ -233,7 +233,7 @@ def bucket_map(layouts: dict, *, title: str = "", unit: float = 2**20, unit_name
     return fig
 
 
-# --- added with lesson 09: one measured quantity per panel, a bar per setting ---------------------------
+# --- added with lesson 12: one measured quantity per panel, a bar per setting ---------------------------
 
 
 def side_by_side(settings, panels: dict, *, title: str = "", note: str = ""):
@@ -264,7 +264,7 @@ def side_by_side(settings, panels: dict, *, title: str = "", note: str = ""):
     return fig
 
 
-# --- added with lesson 08: layer placement, and measured stacks against a formula -------------------
+# --- added with lesson 11: layer placement, and measured stacks against a formula -------------------
 
 
 def placement(sizes, device_map: dict, *, title: str = "", unit: float = 2**20, unit_name: str = "MiB"):
@@ -313,7 +313,7 @@ def stacked_vs_formula(
     return ax
 
 
-# --- added with lesson 06: training curves read from SWIFT's logs ------------------------------------
+# --- added with lesson 09: training curves read from SWIFT's logs ------------------------------------
 
 
 def training_curves(

@@ -14,7 +14,7 @@ Data (all written by this project, under ``data/``):
   (:func:`general_answers`, cached under ``build/models/general-answers/``, keyed by model); mixing
   those answers into training keeps the model's general behaviour (against forgetting, 灾难性遗忘).
 - ``data/heldout.jsonl``: questions that appear in no training data, for evaluation here and in
-  notebook 07: identity paraphrases (``kind`` identity, ``tag`` zh|en) and general questions with the
+  notebook 10: identity paraphrases (``kind`` identity, ``tag`` zh|en) and general questions with the
   words a right answer contains (``kind`` general, ``expect``).
 """
 

@@ -130,7 +130,7 @@ class SftPlan:
             opts["ddp_backend"] = "gloo" if self.device == "cpu" else "nccl"
             opts["ddp_find_unused_parameters"] = False  # LoRA uses every trainable parameter
             # no gradient_checkpointing_kwargs: under DDP SWIFT 4.6 picks use_reentrant=False itself
-            # (swift/trainers/mixin.py; notebook 09, section 1)
+            # (swift/trainers/mixin.py; notebook 12, section 1)
         opts.update(self.extra)
         return opts
 
@@ -271,7 +271,7 @@ def seed_recipe(
 
 
 def sft_process(plan: SftPlan, script, timeout: float = 3600, env=None) -> dict:
-    """``sft_main(SftArguments(**plan.kwargs()))`` in a process of its own: ``script`` (notebook 06 writes
+    """``sft_main(SftArguments(**plan.kwargs()))`` in a process of its own: ``script`` (notebook 09 writes
     it) reads the keywords from a JSON file and writes what sft_main returned. When the process ends the GPU
     has every byte of the run back, which a run inside the kernel, freed by garbage collection, does not
     promise (SWIFT documents a 22 GB peak for a 7B LoRA). Returns the script's result."""

@@ -1,6 +1,6 @@
 """Beyond DDP (超越 DDP): ZeRO-2 / ZeRO-3 (DeepSpeed) and FSDP2 (PyTorch) memory and traffic per rank.
 
-Every rank keeps only a shard (分片) of some of the training state. Notebook 08's script
+Every rank keeps only a shard (分片) of some of the training state. Notebook 11's script
 (``sharded_train.py``) counts the bytes each rank really holds and every collective it calls; this module
 holds what they are compared with: the ZeRO formulas, whose bytes per parameter come from
 :mod:`helpers.parallelism`, and the ring formulas.
@@ -109,7 +109,7 @@ def fsdp2_padded_params(model: nn.Module, world: int) -> int:
 
 
 def small_model(features: int = 32, hidden: int = 128, layers: int = 3, classes: int = 8, seed: int = 0):
-    """Notebook 08's float32 model: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
+    """Notebook 11's float32 model: ``layers`` hidden Linear+Tanh blocks; the same weights for a given seed."""
     return mlp([features] + [hidden] * layers + [classes], activation=nn.Tanh, seed=seed)
 
 

@@ -1,6 +1,6 @@
-"""DDP training in practice (DDP 训练实战): notebook 04's toys, run-layout checks, all-reduce volume, scaling.
+"""DDP training in practice (DDP 训练实战): notebook 06's toys, run-layout checks, all-reduce volume, scaling.
 
-DDP training in practice (DDP 训练实战): notebook 04's toy data and model, the checks of a run's layout,
+DDP training in practice (DDP 训练实战): notebook 06's toy data and model, the checks of a run's layout,
 nodes on one machine, all-reduce volume, scaling, and their pictures.
 
 A complete DDP training script needs more than DDP: deterministic toys (:func:`toy_dataset`,
@@ -39,7 +39,7 @@ def toy_dataset(samples: int, features: int = FEATURES, classes: int = CLASSES, 
 def toy_model(
     hidden: int = 256, features: int = FEATURES, classes: int = CLASSES, seed: int = 0
 ) -> nn.Module:
-    """Notebook 04's MLP (features -> hidden -> hidden -> classes); the same seed, the same weights everywhere."""
+    """Notebook 06's MLP (features -> hidden -> hidden -> classes); the same seed, the same weights everywhere."""
     return mlp([features, hidden, hidden, classes], seed=seed)
 
 

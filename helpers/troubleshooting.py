@@ -157,7 +157,7 @@ BASE_DEFAULT_MODEL = "Qwen/Qwen2.5-7B"  # the base model of the gpu profile's Qw
 
 
 def base_model(choice, model_info, profile):
-    """``(ModelInfo, note)``: the base model section 2 of notebook 09 runs on the gpu profile.
+    """``(ModelInfo, note)``: the base model section 2 of notebook 12 runs on the gpu profile.
 
     ``choice`` (the notebook's BASE_MODEL) is a local model folder or, on gpu, a ModelScope id; None means
     :data:`BASE_DEFAULT_MODEL`, except where MODEL names a local folder (an offline machine, and make

@@ -105,10 +105,10 @@ echo "setup: [3/4] installing the course helpers (editable) ..."
 packages=$(( $(date +%s) - start ))
 echo "setup: the packages took ${packages} s."
 # DeepSpeed compiles its CPU communication kernel when it first starts on a machine without a GPU
-# (notebook 08's SWIFT runs); built here, once, it is cached in ~/.cache/torch_extensions. With CUDA,
+# (notebook 11's SWIFT runs); built here, once, it is cached in ~/.cache/torch_extensions. With CUDA,
 # DeepSpeed talks through NCCL and there is nothing to build; COURSE_CPU_KERNEL=0 skips it too.
 if [ "${COURSE_CPU_KERNEL:-1}" = 0 ]; then
-  echo "setup: [4/4] DeepSpeed's CPU communication kernel skipped (COURSE_CPU_KERNEL=0); notebook 08 builds it if it needs it."
+  echo "setup: [4/4] DeepSpeed's CPU communication kernel skipped (COURSE_CPU_KERNEL=0); notebook 11 builds it if it needs it."
 elif .venv/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   echo "setup: [4/4] CUDA is available: DeepSpeed uses NCCL, no CPU communication kernel to build."
 else

@@ -153,7 +153,7 @@ def test_the_syllabus_gives_each_lessons_budget_and_measured_time(site, pages):
             if run.status == "passed":
                 assert f"{run.seconds:.0f} s (cpu)" in text, notebook.name
         report = pages[lesson_url(site, edition, "report")]["text"]
-        assert "06_swift_lora_self_cognition" in report and "metric" in report
+        assert "09_swift_lora_self_cognition" in report and "metric" in report
 
 
 def test_search_finds_a_word_in_each_language(pages):

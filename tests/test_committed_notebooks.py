@@ -23,7 +23,7 @@ def source(cell):
 
 
 def test_there_are_notebooks():
-    assert any(nb.name.startswith("05_environment_setup") for nb in NOTEBOOKS)
+    assert any(nb.name.startswith("08_environment_setup") for nb in NOTEBOOKS)
 
 
 def test_no_error_outputs(notebook):
@@ -132,7 +132,7 @@ def committed_metrics(stem: str) -> dict:
 
 
 def test_the_committed_fine_tune_clears_each_goal_by_two_answers_also_through_its_own_template():
-    """06's adapter and 07's merged model (through SWIFT, and through transformers' apply_chat_template with
+    """09's adapter and 10's merged model (through SWIFT, and through transformers' apply_chat_template with
     no system message, as a user of the merged folder asks) clear every cpu goal by at least two answers."""
     import re
 
@@ -141,7 +141,7 @@ def test_the_committed_fine_tune_clears_each_goal_by_two_answers_also_through_it
     identity = selfcog.heldout(kind="identity")
     asked = {f"{asks}_{tag}": sum(r["tag"] == tag and r["asks"] == asks for r in identity)
              for tag in ("zh", "en") for asks in ("name", "author")}  # fmt: skip
-    tuned, merged = committed_metrics("06_"), committed_metrics("07_")
+    tuned, merged = committed_metrics("09_"), committed_metrics("10_")
     for metrics, prefix in ((tuned, ""), (merged, ""), (merged, "transformers_")):
         for key, n in asked.items():
             right, goal = round(metrics[prefix + key]["value"] * n), scoring.GOALS[key]
@@ -151,8 +151,8 @@ def test_the_committed_fine_tune_clears_each_goal_by_two_answers_also_through_it
             assert kept >= scoring.GOALS["general_kept"] * n + 2 - 1e-9, ("general_kept", f"{kept} of {n}")
 
 
-def test_the_merge_and_infer_07_typed_are_the_flags_its_gpu_commands_copy():
-    """07 types `swift export` and `swift infer` in its cells; `inference.gpu_commands` (the gpu profile's
+def test_the_merge_and_infer_10_typed_are_the_flags_its_gpu_commands_copy():
+    """10 types `swift export` and `swift infer` in its cells; `inference.gpu_commands` (the gpu profile's
     commands it shows to copy) builds them from `export_flags` and `infer_flags`. Given what the committed
     run typed, those build the same arguments, as SWIFT's own parser reads both."""
     import shlex
@@ -162,7 +162,7 @@ def test_the_merge_and_infer_07_typed_are_the_flags_its_gpu_commands_copy():
 
     from helpers import inference, models, paths
 
-    ran = committed_metrics("07")
+    ran = committed_metrics("10")
     typed_export = swift_cli.parse(ran["export_command"]["value"], ExportArguments)
     typed_infer = swift_cli.parse(ran["infer_command"]["value"], InferArguments)
     record = {
@@ -201,15 +201,15 @@ def test_the_merge_and_infer_07_typed_are_the_flags_its_gpu_commands_copy():
     }
 
 
-def test_the_sft_09_typed_is_swifts_own_and_leaves_the_checkpointing_choice_to_swift():
-    """09's `sft_command` is typed text; what the committed run ran is read back through SWIFT's parser:
+def test_the_sft_12_typed_is_swifts_own_and_leaves_the_checkpointing_choice_to_swift():
+    """12's `sft_command` is typed text; what the committed run ran is read back through SWIFT's parser:
     two CPU ranks, gradient checkpointing on, no kwargs for it (SWIFT chooses), and --use_cpu true."""
     import swift_cli
     from swift import SftArguments
 
     from helpers import swiftcli
 
-    ran = committed_metrics("09")["swift_ckpt_command"]["value"]
+    ran = committed_metrics("12")["swift_ckpt_command"]["value"]
     env, _, _ = swiftcli.parse_swift_text(ran)
     args = swift_cli.parse(ran, SftArguments)
     assert env.get("NPROC_PER_NODE") == "2"
@@ -217,8 +217,8 @@ def test_the_sft_09_typed_is_swifts_own_and_leaves_the_checkpointing_choice_to_s
     assert (args["use_cpu"], args["tuner_type"], args["torch_dtype"]) == (True, "lora", "float32")
 
 
-def test_the_deepspeed_runs_08_typed_are_swifts_own_with_what_a_cpu_needs():
-    """08's `sft_command` is typed text; the committed runs, read back through SWIFT's parser, are two
+def test_the_deepspeed_runs_11_typed_are_swifts_own_with_what_a_cpu_needs():
+    """11's `sft_command` is typed text; the committed runs, read back through SWIFT's parser, are two
     torchrun ranks with SWIFT's ZeRO-2 preset and ZeRO-3 without its batch size, and what a CPU needs:
     --use_cpu true and fp32 with fp16 and bf16 off."""
     import swift_cli
@@ -226,7 +226,7 @@ def test_the_deepspeed_runs_08_typed_are_swifts_own_with_what_a_cpu_needs():
 
     from helpers import swiftcli
 
-    ran = committed_metrics("08")
+    ran = committed_metrics("11")
     for name in ("zero2", "zero3"):
         command = ran[f"swift_{name}_command"]["value"]
         env, _, _ = swiftcli.parse_swift_text(command)

@@ -91,13 +91,13 @@ def test_environment_yml_installs_the_lock():
 
 def test_readme_and_notebook_install_instructions_use_the_locks():
     readme = (paths.ROOT / "README.md").read_text()
-    notebook = json.loads((paths.ROOT / "notebooks" / "05_environment_setup.ipynb").read_text())
+    notebook = json.loads((paths.ROOT / "notebooks" / "08_environment_setup.ipynb").read_text())
     setup_cells = "\n".join(
         "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
     )
     readme_zh = (paths.ROOT / "README.zh-CN.md").read_text()
     gpu = (paths.ROOT / "docs" / "gpu.md").read_text()
-    places = (("README.md", readme), ("README.zh-CN.md", readme_zh), ("notebook 05", setup_cells), ("docs/gpu.md", gpu))
+    places = (("README.md", readme), ("README.zh-CN.md", readme_zh), ("notebook 08", setup_cells), ("docs/gpu.md", gpu))
     for where, text in places:
         commands = [c for c in pip_install_commands(text) if " -r " in c]
         # the GPU-image path: the course's own .venv beside the image's torch (requirements-lock-no-torch.txt,

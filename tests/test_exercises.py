@@ -416,7 +416,7 @@ def ckpt(layers, layer_mb, input_mb, checkpointed):
 
 
 class Script(os.PathLike):
-    """A learner's script for 04.8, given as its text: written under the test's build folder when the checker
+    """A learner's script for 06.8, given as its text: written under the test's build folder when the checker
     opens it."""
 
     def __init__(self, text: str):
@@ -430,23 +430,23 @@ class Script(os.PathLike):
         return str(path)
 
 
-def _solution_04_8() -> str:
-    """The script of 04.8's solution cell, as the notebook holds it."""
+def _solution_06_8() -> str:
+    """The script of 06.8's solution cell, as the notebook holds it."""
     import ast
 
     import nbformat
 
-    [cell] = [c for c in nbformat.read(NOTEBOOKS / "04_ddp_in_practice.ipynb", as_version=4).cells if c.id == "c42p"]
+    [cell] = [c for c in nbformat.read(NOTEBOOKS / "06_ddp_in_practice.ipynb", as_version=4).cells if c.id == "c42p"]
     [assign] = [n for n in ast.parse(cell.source).body if isinstance(n, ast.Assign)]
     return ast.literal_eval(assign.value)
 
 
-SCRIPT_04_8 = _solution_04_8()
+SCRIPT_06_8 = _solution_06_8()
 
 
 def ddp_script(**change) -> Script:
-    """04.8's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
-    text = SCRIPT_04_8
+    """06.8's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
+    text = SCRIPT_06_8
     for old, new in change.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -612,7 +612,7 @@ EXERCISES = {
         returns,
         bad_values=(math.nan, "1.5", None),
     ),
-    "04.1": Exercise(
+    "06.1": Exercise(
         (334, 2),
         [
             ((333, 1), "ceil(1000 / 3)"),
@@ -624,7 +624,7 @@ EXERCISES = {
         ],
         lambda v: (v, 2),
     ),
-    "04.2": Exercise(
+    "06.2": Exercise(
         training.allreduce_bytes,
         [
             (lambda s, a, g, n: s * g * a, "only the last micro-batch"),
@@ -635,7 +635,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "04.3": Exercise(
+    "06.3": Exercise(
         checkpoints.resume_point,
         [
             (lambda s, spe, a: (s // spe, s % spe), "counts micro-batches"),
@@ -646,7 +646,7 @@ EXERCISES = {
         ],
         lambda v: returns((v, 0)),
     ),
-    "04.4": Exercise(
+    "06.4": Exercise(
         accumulation_step,
         [
             (lambda net, opt, mb: accumulation_step(net, opt, mb, sync_forward=True), "inside no_sync()"),
@@ -660,7 +660,7 @@ EXERCISES = {
         step_then_fill,
         bad_values=(math.nan, math.inf, -math.inf),  # it acts in place: what it returns is not used
     ),
-    "04.5": Exercise(
+    "06.5": Exercise(
         epoch_orders,
         [
             (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, tell=False), "set_epoch(epoch) tells it"),
@@ -674,7 +674,7 @@ EXERCISES = {
         ],
         lambda v: returns([[v]]),
     ),
-    "04.6": Exercise(
+    "06.6": Exercise(
         fp16_hook,
         [
             (lambda s, b: fp16_hook(s, b, divide="never"), "twice torch's"),
@@ -690,7 +690,7 @@ EXERCISES = {
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
     ),
-    "04.7": Exercise(
+    "06.7": Exercise(
         checkpoint,
         [
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, opt=False), "Adam's moments"),
@@ -702,8 +702,8 @@ EXERCISES = {
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
     ),
-    "04.8": Exercise(
-        Script(SCRIPT_04_8),
+    "06.8": Exercise(
+        Script(SCRIPT_06_8),
         [
             (ddp_script(**{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}),
              "give the DataLoader a DistributedSampler"),
@@ -717,7 +717,7 @@ EXERCISES = {
         lambda v: v,
         bad_values=(math.nan, "1.5", None, True),
     ),
-    "05.1": Exercise(
+    "08.1": Exercise(
         ("nccl", 4),
         [
             (("gloo", 4), "NCCL"),
@@ -729,7 +729,7 @@ EXERCISES = {
         ],
         lambda v: ("nccl", v),
     ),
-    "05.2": Exercise(
+    "08.2": Exercise(
         lambda n: n * (n + 1) / 2,
         [
             (lambda n: n * (n - 1) / 2, "each contributes rank + 1"),
@@ -739,7 +739,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "06.1": Exercise(
+    "09.1": Exercise(
         lambda g, n, p: g // (n * p),
         [
             (lambda g, n, p: g // n, "divide by that too"),
@@ -750,7 +750,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "06.2": Exercise(
+    "09.2": Exercise(
         fill_row,
         [
             (lambda row, n, a: fill_row(row, n, a, zh=lambda tag: tag != "en"), "every other tag"),
@@ -762,7 +762,7 @@ EXERCISES = {
         ],
         lambda v: lambda row, n, a: {**fill_row(row, n, a), "response": v},
     ),
-    "06.3": Exercise(
+    "09.3": Exercise(
         last_logged,
         [
             (returns((3, 0.75)), "the answer is (13, 1.0)"),
@@ -781,7 +781,7 @@ EXERCISES = {
         ],
         lambda v: lambda p: (3, v),
     ),
-    "07.1": Exercise(
+    "10.1": Exercise(
         lambda W, A, B, alpha, r: W + (alpha / r) * B @ A,
         [
             (lambda W, A, B, alpha, r: W + B @ A, "scaled by alpha / r"),
@@ -793,7 +793,7 @@ EXERCISES = {
         ],
         lambda v: (lambda W, A, B, alpha, r: W * v) if isinstance(v, float) else returns(v),
     ),
-    "07.2": Exercise(
+    "10.2": Exercise(
         answers_from,
         [
             (lambda p: answers_from(p, pick=0), "last user message"),
@@ -809,7 +809,7 @@ EXERCISES = {
         ],
         lambda v: returns({"Who are you?": v}),
     ),
-    "08.1": Exercise(
+    "11.1": Exercise(
         N7B * parallelism.BF16_MIXED_ADAM.total / 8,
         [
             (N7B * 16, "what DDP holds"),
@@ -820,7 +820,7 @@ EXERCISES = {
         ],
         lambda v: v,
     ),
-    "08.2": Exercise(
+    "11.2": Exercise(
         gpus_of_rank,
         [
             (lambda r, n, p: list(range(r * n // p, (r + 1) * n // p)), "a block"),
@@ -832,7 +832,7 @@ EXERCISES = {
         ],
         lambda v: returns([v]),
     ),
-    "08.3": Exercise(
+    "11.3": Exercise(
         1.5,
         [
             (1.0, "ZeRO-2"),
@@ -842,7 +842,7 @@ EXERCISES = {
         ],
         lambda v: v,
     ),
-    "09.1": Exercise(
+    "12.1": Exercise(
         reentrant,
         [
             (lambda kw, n, ds, fs: not (n is not None and not ds and not fs), "passes that value on"),
@@ -861,7 +861,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "09.2": Exercise(
+    "12.2": Exercise(
         ckpt,
         [
             (lambda n, lm, im, c: n * lm, "only each layer's input"),
@@ -872,7 +872,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "09.3": Exercise(
+    "12.3": Exercise(
         stuck,
         [
             (lambda st: stuck(st, first_only=True), "not only the first"),
@@ -887,7 +887,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "04.4", "04.6", "04.7", "04.8"}
+ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "06.4", "06.6", "06.7", "06.8"}
 
 
 def verdict(capsys, exercise, answer):
@@ -937,9 +937,9 @@ def test_nan_infinities_strings_none_bools_and_exceptions_never_pass(name, capsy
 
 def test_dtype_tolerant(capsys):
     assert check("01.1", lambda g, s: combine(g, s).float())  # a float32 gradient of a float64 question
-    assert check("07.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).double())
-    assert check("07.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).half()) is not None  # no crash
-    assert check("08.1", str) is not None and "a number of bytes" in capsys.readouterr().out
+    assert check("10.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).double())
+    assert check("10.1", lambda W, A, B, alpha, r: (W + (alpha / r) * B @ A).half()) is not None  # no crash
+    assert check("11.1", str) is not None and "a number of bytes" in capsys.readouterr().out
 
 
 def test_the_placeholder_is_not_answered_but_a_none_on_some_inputs_is_wrong(capsys):
@@ -964,7 +964,7 @@ def test_a_distributed_exercise_left_as_a_stub_is_not_answered_at_once_and_a_mis
     for name in sorted(ON_RANKS):
         assert not check(name, stub)
     assert capsys.readouterr().out.count("not answered yet") == len(ON_RANKS)
-    assert check("04.4", lambda net, optimizer, micro: accumulation_step(net, optimizer, micro) or "done")
+    assert check("06.4", lambda net, optimizer, micro: accumulation_step(net, optimizer, micro) or "done")
 
     def forgot_return(tensor):
         in_two(tensor)
@@ -1075,7 +1075,7 @@ NOTEBOOK_STATE = {
     "troubleshooting": troubleshooting,
     "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
 }
-STARTS_WRONG = {"04.5": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
+STARTS_WRONG = {"06.5": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
 RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0"}  # results of the notebook's own run
 
 

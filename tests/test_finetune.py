@@ -169,7 +169,7 @@ def test_plan_ddp_keeps_the_global_batch_and_adds_ddp_flags(tmp_path):
     gpu = ddp.but(device="cuda", gradient_checkpointing=True).cli()
     assert values_after(gpu, "--ddp_backend") == ["nccl"]
     assert values_after(gpu, "--torch_dtype") == ["bfloat16"] and "--use_cpu" not in gpu
-    # under DDP ms-swift 4.6 picks use_reentrant=False itself (notebook 09): the plan does not repeat it
+    # under DDP ms-swift 4.6 picks use_reentrant=False itself (notebook 12): the plan does not repeat it
     assert "--gradient_checkpointing_kwargs" not in gpu
 
 
@@ -474,24 +474,24 @@ def test_heldout_rows_say_what_they_ask_and_how_to_score():
 # --- exercises ---------------------------------------------------------------------------------------
 
 
-def test_exercise_06_1():
-    assert check("06.1", lambda g, n, p: g // (n * p))
-    assert not check("06.1", lambda g, n, p: g // n)
+def test_exercise_09_1():
+    assert check("09.1", lambda g, n, p: g // (n * p))
+    assert not check("09.1", lambda g, n, p: g // n)
 
 
-def test_exercise_06_2():
-    assert check("06.2", selfcog.fill_placeholders)
-    assert not check("06.2", lambda row, name, author: selfcog.fill_placeholders(row, name[::-1], author[::-1]))
+def test_exercise_09_2():
+    assert check("09.2", selfcog.fill_placeholders)
+    assert not check("09.2", lambda row, name, author: selfcog.fill_placeholders(row, name[::-1], author[::-1]))
 
 
-def test_exercise_06_3():
+def test_exercise_09_3():
     def last_logged(path):
         lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
         steps = [x for x in lines if "loss" in x and "train_runtime" not in x and "log_history" not in x]
         return int(steps[-1]["global_step/max_steps"].split("/")[0]), steps[-1]["loss"]
 
-    assert check("06.3", last_logged)
-    assert not check("06.3", lambda path: (3, 1.5))  # the summary's train_loss is not a step
+    assert check("09.3", last_logged)
+    assert not check("09.3", lambda path: (3, 1.5))  # the summary's train_loss is not a step
 
 
 def test_an_interrupted_general_build_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):
@@ -574,7 +574,7 @@ def test_bf16_on_the_cpu_leaves_mixed_precision_to_swift(tmp_path):
 
 
 def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
-    """06 says: 4.0 renamed --train_type to --tuner_type (an alias until 4.1); the installed 4.6 has only the new name."""
+    """09 says: 4.0 renamed --train_type to --tuner_type (an alias until 4.1); the installed 4.6 has only the new name."""
     import dataclasses
 
     from swift.arguments import SftArguments

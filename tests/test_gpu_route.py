@@ -47,15 +47,15 @@ def test_every_launcher_passes_the_gpus_this_process_was_given(monkeypatch):
     assert launching.gpu_env(1, torchrun=True) == {"CUDA_VISIBLE_DEVICES": "4", "NPROC_PER_NODE": "1"}
     plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    assert plan.but(nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 06's one-process run
+    assert plan.but(nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 09's one-process run
     assert sft.shell_command(plan).startswith("CUDA_VISIBLE_DEVICES=4,5 NPROC_PER_NODE=2 swift sft")
-    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", selfcog.SYSTEM, 96)  # 07's export and infer
+    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", selfcog.SYSTEM, 96)  # 10's export and infer
     assert all(text.startswith("CUDA_VISIBLE_DEVICES=4 swift ") for text in shown.values())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     four = gpu_profile(4)
     assert [training.node_env(four, k) for k in (0, 1)] == [
-        {"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]  # fmt: skip  (04's two nodes)
-    assert devicemap.mp_ddp_layout(4, 2)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # 08's DDP + device_map
+        {"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]  # fmt: skip  (06's two nodes)
+    assert devicemap.mp_ddp_layout(4, 2)["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # 11's DDP + device_map
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7,8")
     assert devicemap.mp_ddp_layout(5, 2)["CUDA_VISIBLE_DEVICES"] == "2,3,5,7"  # the first 4 of 5: one idle
 
@@ -114,9 +114,9 @@ def test_a_gpu_without_bf16_trains_merges_and_answers_in_float16(monkeypatch):
     profile = profiles.resolve("gpu", nproc=1)
     assert profile.dtype == "float16" and "float16" in profiles.gpu_dtype()[1]
     plan, _ = sft.seed_recipe(HUB_MODEL, 1, output_dir="o", model_name=NAME, model_author=AUTHOR,
-                                   dtype=profile.dtype)  # fmt: skip  (06)
+                                   dtype=profile.dtype)  # fmt: skip  (09)
     assert swift_cli.parse(sft.shell_command(plan), SftArguments)["torch_dtype"] == "float16"
-    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", None, 16, profile.dtype)  # 07
+    shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", None, 16, profile.dtype)  # 10
     assert swift_cli.parse(shown["export"], ExportArguments)["torch_dtype"] == "float16"
     assert swift_cli.parse(shown["infer"], InferArguments)["torch_dtype"] == "float16"
     monkeypatch.setattr(profiles, "bf16_supported", lambda: True)
@@ -132,7 +132,7 @@ def test_on_one_gpu_a_lesson_of_ranks_runs_two_on_the_cpu_and_says_so():
     assert (one.name, one.device, one.backend, one.nproc, one.dtype) == ("cpu", "cpu", "gloo", 2, "float32")
     assert "runs 2 ranks on the CPU over gloo" in one.note and one.note.endswith(".") and "\n" not in one.note
     assert profiles.with_ranks(gpu_profile(2)) == gpu_profile(2)  # two GPUs: two nccl ranks, unchanged
-    three = profiles.with_ranks(gpu_profile(3), even=True)  # 04 splits its ranks over two nodes
+    three = profiles.with_ranks(gpu_profile(3), even=True)  # 06 splits its ranks over two nodes
     assert (three.name, three.nproc) == ("gpu", 2) and "uses 2 of the GPUs" in three.note
     assert profiles.with_ranks(gpu_profile(1), even=True).nproc == 2
     cpu = profiles.resolve("cpu", nproc=1)
@@ -184,7 +184,7 @@ def test_a_download_checks_the_free_space_first(tmp_path, monkeypatch):
     message = str(info.value)
     assert "needs about 16 GB" in message and "4.0 GB free" in message and "MODELSCOPE_CACHE" in message
     with pytest.raises(CourseError, match="needs about 32 GB"):
-        disk.gpu_route_space(tmp_path / "outputs")  # 05: the two downloads of the route, before the first
+        disk.gpu_route_space(tmp_path / "outputs")  # 08: the two downloads of the route, before the first
 
 
 def test_the_route_says_what_it_needs_when_there_is_room(tmp_path, monkeypatch):
@@ -194,7 +194,7 @@ def test_the_route_says_what_it_needs_when_there_is_room(tmp_path, monkeypatch):
     assert f"about {disk.GPU_ROUTE_GB} GB" in said and "30.6 GB" in said and "h at 10 MB/s" in said
 
 
-# --- 6, 7, 8, 16: 06's runs on the gpu profile -------------------------------------------------------------
+# --- 6, 7, 8, 16: 09's runs on the gpu profile -------------------------------------------------------------
 
 
 def test_the_gpu_recipe_takes_the_notebooks_knobs_and_leaves_use_reentrant_to_swift():
@@ -221,7 +221,7 @@ def test_the_forgetting_comparison_keeps_the_same_identity_data():
 
 def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
-    script = tmp_path / "fake_sft.py"  # stands in for 06's sft_from_python.py: echoes what it was given
+    script = tmp_path / "fake_sft.py"  # stands in for 09's sft_from_python.py: echoes what it was given
     script.write_text(
         "import json, os, sys\n"
         "kwargs = json.load(open(sys.argv[1]))\n"

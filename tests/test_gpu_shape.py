@@ -71,21 +71,21 @@ def test_the_run_executed_the_text_dry_prints(shape):
 
 
 def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
-    """One GPU holds one nccl rank: there 03 and 04 run 2 ranks on the CPU over gloo; with more GPUs, one
-    rank per GPU. 04's ranks are two whatever NPROC was (it needs an even number)."""
-    for number in ("03", "04"):
+    """One GPU holds one nccl rank: there 03 and 06 run 2 ranks on the CPU over gloo; with more GPUs, one
+    rank per GPU. 06's ranks are two whatever NPROC was (it needs an even number)."""
+    for number in ("03", "06"):
         ranks = metrics(shape, number)["lesson_ranks"]
         if shape["nproc"] == 1:
             assert ranks == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number
         else:
             assert (ranks["profile"], ranks["nproc"]) == ("gpu", shape["nproc"]), number
-    assert metrics(shape, "04")["lesson_ranks"]["nproc"] == 2
+    assert metrics(shape, "06")["lesson_ranks"]["nproc"] == 2
 
 
-def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
+def test_09_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
     from swift import SftArguments
 
-    got = metrics(shape, "06")
+    got = metrics(shape, "09")
     single = got["sft_single_command"]  # the command section 4's launch ran
     env = environment_of(single)
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and "NPROC_PER_NODE" not in env  # the first GPU, one process
@@ -93,7 +93,7 @@ def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
     assert (args["torch_dtype"], args["use_cpu"], args["gradient_checkpointing"]) == ("bfloat16", True, True)
     assert (args["max_length"], args["learning_rate"], args["system"]) == (2048, 1e-4, selfcog.SYSTEM)
     assert args["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
-    assert args["max_steps"] == runner.GPU_CHECK["06"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
+    assert args["max_steps"] == runner.GPU_CHECK["09"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
     if shape["nproc"] > 1:
         ddp = got["sft_ddp_command"]
         env = environment_of(ddp)
@@ -104,14 +104,14 @@ def test_06_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
         assert "sft_ddp_command" not in got and "ddp_wall_seconds" not in got
 
 
-def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_process(shape):
+def test_09_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_process(shape):
     """'identity only' trains on the identity part of the very data section 4 trained on, 'identity +
     general' on all of it (the tiny random model writes no whole sentence, so here that is identity data
     alone too); on gpu each sft_main run is a process of its own."""
     from swift import SftArguments
 
     runs = sorted(glob.glob(str(shape["folder"] / "sft-from-python" / "*" / "kwargs.json")))
-    assert len(runs) == 2 * len(runner.GPU_CHECK["06"]["SEEDS"])
+    assert len(runs) == 2 * len(runner.GPU_CHECK["09"]["SEEDS"])
     # sft.sft_process wrote each kwargs.json; the process it started (sft_from_python.py) wrote result.json
     assert all(os.path.isfile(os.path.join(os.path.dirname(p), "result.json")) for p in runs)
 
@@ -120,32 +120,32 @@ def test_06_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
         return str((paths.ROOT / path).resolve()) + mark + rows if (paths.ROOT / path).exists() else dataset
 
     datasets = [[where(d) for d in json.loads(open(p, encoding="utf-8").read())["dataset"]] for p in runs]
-    got = metrics(shape, "06")
+    got = metrics(shape, "09")
     trained = [where(d) for d in swift_cli.parse(got["sft_single_command"], SftArguments)["dataset"]]
     assert sorted(datasets) == sorted([[str(selfcog.SELF_COGNITION)], trained])
     assert {"forgetting_identity_only", "forgetting_identity_and_general"} <= set(got)  # both measured
 
 
-def test_07_merges_and_answers_on_one_gpu_in_the_training_dtype(shape):
+def test_10_merges_and_answers_on_one_gpu_in_the_training_dtype(shape):
     from swift.arguments import ExportArguments, InferArguments
 
-    got = metrics(shape, "07")
+    got = metrics(shape, "10")
     for name, kind in (("export_command", ExportArguments), ("infer_command", InferArguments)):
         env = environment_of(got[name])  # the command the launch ran
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and "NPROC_PER_NODE" not in env, name
         assert swift_cli.parse(got[name], kind)["torch_dtype"] == "bfloat16", name
     # each merged weight checked against W + (alpha/r)·B·A: within bfloat16's rounding bound
     assert got["merged_weight_dtype"] == "bfloat16" and 0 <= got["merged_weight_worst_error"] <= 1
-    assert swift_cli.parse(got["infer_command"], InferArguments)["system"] == selfcog.SYSTEM  # 06's, asked with again
+    assert swift_cli.parse(got["infer_command"], InferArguments)["system"] == selfcog.SYSTEM  # 09's, asked with again
 
 
-def test_08_and_09_run_the_commands_they_show(shape):
+def test_11_and_12_run_the_commands_they_show(shape):
     """Each launch runs the text its cell shows (swiftcli.swift_shell parses that very text); what it ran is
     what the notebook recorded."""
     from swift import SftArguments
 
     nproc = shape["nproc"]
-    eight = metrics(shape, "08")
+    eight = metrics(shape, "11")
     for name in ("zero2", "zero3"):
         command = eight[f"swift_{name}_command"]
         assert environment_of(command)["NPROC_PER_NODE"] == str(nproc), name
@@ -154,15 +154,15 @@ def test_08_and_09_run_the_commands_they_show(shape):
         # DeepSpeed's shards read back from the checkpoint it saved: split over every rank
         outcome = eight["swift_runs"][name]
         assert (outcome["kind"], outcome["ranks sharded over"]) == ("DeepSpeed ZeRO", nproc), name
-    nine = metrics(shape, "09")
+    nine = metrics(shape, "12")
     got = swift_cli.parse(nine["base_default_template_command"], SftArguments)
     assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16")
-    assert len(nine["base_model_default_template_losses"]) == runner.GPU_CHECK["09"]["SWIFT_STEPS"]  # steps logged
+    assert len(nine["base_model_default_template_losses"]) == runner.GPU_CHECK["12"]["SWIFT_STEPS"]  # steps logged
 
 
 def test_every_gpu_notebook_ends_holding_no_model(shape):
     """Each records it after models.release(), which stops the notebook while a model is still referenced."""
-    for number in ("06", "07", "08", "09"):
+    for number in ("09", "10", "11", "12"):
         assert metrics(shape, number).get("no_model_held_at_end") is True, number
 
 

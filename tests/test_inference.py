@@ -34,11 +34,11 @@ def outputs(tmp_path, monkeypatch):
 
 def test_no_record_stops_with_one_sentence_naming_notebook_06(outputs):
     with pytest.raises(
-        CourseError, match=r"no adapter is recorded for the cpu profile .* run notebook 06 first"
+        CourseError, match=r"no adapter is recorded for the cpu profile .* run notebook 09 first"
     ):
         inference.recorded_adapter("cpu")
     lora.save_latest("smoke", fake_adapter(outputs.parent / "smoke"), INFO, NAME, AUTHOR)
-    with pytest.raises(CourseError, match="run notebook 06 first"):
+    with pytest.raises(CourseError, match="run notebook 09 first"):
         inference.recorded_adapter("cpu")  # a smoke record does not stand in for the cpu one
     assert inference.recorded_adapter("smoke")["profile"] == "smoke"
 
@@ -49,7 +49,7 @@ def test_a_missing_or_changed_adapter_is_refused(outputs, tmp_path):
     record = inference.recorded_adapter("cpu")
     assert record["checkpoint"] == str(checkpoint.resolve()) and record["model_name"] == list(NAME)
     (checkpoint / "adapter_model.safetensors").write_bytes(b"retrained")
-    with pytest.raises(CourseError, match="changed after notebook 06 recorded it"):
+    with pytest.raises(CourseError, match="changed after notebook 09 recorded it"):
         inference.recorded_adapter("cpu")
     for path in checkpoint.iterdir():
         path.unlink()
@@ -101,7 +101,7 @@ def test_export_flags_merge_into_a_new_folder_and_are_export_arguments(tmp_path)
     assert "check_model" not in flags, "swift export refuses the training-only --check_model"
     assert set(flags) <= {f.name for f in dataclasses.fields(ExportArguments)}
     assert flags_to_dict(inference.export_flags(record, tmp_path / "new", "float16"))["torch_dtype"] == "float16"
-    trained = {**record, "dtype": "bfloat16"}  # the dtype notebook 06 trained in, as it recorded it
+    trained = {**record, "dtype": "bfloat16"}  # the dtype notebook 09 trained in, as it recorded it
     assert flags_to_dict(inference.export_flags(trained, tmp_path / "new"))["torch_dtype"] == "bfloat16"
     (tmp_path / "taken").mkdir()
     with pytest.raises(CourseError, match="already exists"):
@@ -121,11 +121,11 @@ def test_infer_flags_are_greedy_batched_and_are_infer_arguments(tmp_path):
     assert "system" not in flags  # None: the template's own default
     system = "You are a helpful assistant."
     flags = flags_to_dict(inference.infer_flags(INFO, "q.jsonl", "a.jsonl", 32, system=system))
-    assert flags["system"] == system  # the prompt notebook 06 trained with, asked with again
+    assert flags["system"] == system  # the prompt notebook 09 trained with, asked with again
 
 
 def test_model_text_names_a_local_folder_from_the_repository_with_the_plugin_and_a_hub_model_by_its_id():
-    """What 07's typed commands put after --model: a local folder (relative to the repository, as a learner
+    """What 10's typed commands put after --model: a local folder (relative to the repository, as a learner
     types it at its root) with the plugin that keeps SWIFT from running its code; a hub model by its id."""
     from helpers import swiftcli
 
@@ -348,14 +348,14 @@ def notebook_cell(stem: str, cell_id: str) -> str:
 
 @pytest.mark.parametrize("scale_error", [1.0, 1.05])
 def test_07s_merge_check_cell_agrees_with_the_helper_that_keeps_its_copy(tmp_path, scale_error):
-    """07's cell computes W + (alpha/r)·B·A over the safetensors files itself; the helper is the same check."""
+    """10's cell computes W + (alpha/r)·B·A over the safetensors files itself; the helper is the same check."""
     info = models.tiny_qwen2()  # bfloat16: the rounding bound is not trivially met
     adapter, merged = _merge(info, tmp_path, scale_error=scale_error)
     recorded = []
     report_stub = types.SimpleNamespace(record=lambda *args, **kwargs: recorded.append(args[0]))
     space = {"config": lora.check_adapter(adapter), "adapter": adapter, "base": info, "merged_dir": merged,
              "report": report_stub, "print": lambda *args, **kwargs: None}  # fmt: skip
-    exec(compile(notebook_cell("07_", "c12"), "07 c12", "exec"), space)
+    exec(compile(notebook_cell("10_", "c12"), "10 c12", "exec"), space)
     assert space["weights"] == inference.merged_weight_errors(info.path, adapter, merged)
     assert (space["weights"]["worst"] <= 1) == (scale_error == 1.0)
     assert recorded == ["merged_weight_worst_error", "merged_weight_dtype"]
@@ -385,7 +385,7 @@ def test_streaming_gives_the_batch_answer_in_pieces(tiny_adapter):
 
 def test_closing_an_engine_that_streamed_lets_its_model_go(tiny_adapter):
     """Streaming starts SWIFT's worker thread, which loops for ever holding the engine: on a GPU the model's
-    memory would stay taken for the kernel's lifetime (notebook 07's last cell found it)."""
+    memory would stay taken for the kernel's lifetime (notebook 10's last cell found it)."""
     import gc
     import weakref
 
@@ -409,19 +409,19 @@ def test_same_answers_counts_equal_texts():
 # --- exercises -----------------------------------------------------------------------------------------------
 
 
-def test_exercise_07_1():
-    assert check("07.1", lambda W, A, B, alpha, r: W + (alpha / r) * B @ A)
-    assert not check("07.1", lambda W, A, B, alpha, r: W + B @ A)  # the alpha / r scale forgotten
-    assert not check("07.1", lambda W, A, B, alpha, r: W + (r / alpha) * B @ A)  # the scale upside down
+def test_exercise_10_1():
+    assert check("10.1", lambda W, A, B, alpha, r: W + (alpha / r) * B @ A)
+    assert not check("10.1", lambda W, A, B, alpha, r: W + B @ A)  # the alpha / r scale forgotten
+    assert not check("10.1", lambda W, A, B, alpha, r: W + (r / alpha) * B @ A)  # the scale upside down
 
 
-def test_exercise_07_2():
+def test_exercise_10_2():
     def answers_from(path):
         rows = [json.loads(x) for x in open(path, encoding="utf-8")]
         return {[m for m in r["messages"] if m["role"] == "user"][-1]["content"]: r["response"] for r in rows}
 
-    assert check("07.2", answers_from)
-    assert not check("07.2", lambda path: {json.loads(x)["messages"][0]["content"]: "" for x in open(path)})
+    assert check("10.2", answers_from)
+    assert not check("10.2", lambda path: {json.loads(x)["messages"][0]["content"]: "" for x in open(path)})
 
 
 def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):
@@ -460,7 +460,7 @@ def test_the_gpu_export_and_infer_commands_are_swifts_own_arguments(monkeypatch)
 
 
 def test_answer_loss_is_the_mean_surprise_of_the_answers_tokens(tiny_adapter):
-    """The forgetting measure of notebook 06, checked token by token: each answer token's -log p given
+    """The forgetting measure of notebook 09, checked token by token: each answer token's -log p given
     the prompt and the answer so far, one forward pass per prefix, averaged."""
     import math
 

@@ -117,7 +117,7 @@ def test_cpu_model_converted_from_the_wheel_answers():
 
 
 def test_the_modelscope_client_still_resumes_a_stopped_download_and_shows_progress():
-    """Notebook 05 tells a learner to re-run the cell after a stopped 15 GB download: the client must still
+    """Notebook 08 tells a learner to re-run the cell after a stopped 15 GB download: the client must still
     keep partial files beside the target and ask only for the missing bytes (modelscope_hub/_download.py)."""
     import inspect
 

@@ -1,5 +1,5 @@
 """The network lab: nodes that really talk over a rate-limited card, nothing left behind (on success,
-Ctrl-C or a killed owner), one sentence where it cannot run, and 03/04 taking the fallback path."""
+Ctrl-C or a killed owner), one sentence where it cannot run, and 03/06 taking the fallback path."""
 
 import signal
 import subprocess
@@ -142,10 +142,10 @@ def cells_of(notebook: str, wanted) -> nbformat.NotebookNode:
             "c02 c03 c49e c49f c49g c49h c49i c49j c49k c49l c49m c49n",
             "Sections 8-10's simulated wire",
         ),
-        ("04_ddp_in_practice.ipynb", "c02 c03 c04a c05 c08c c09 c11 c12 c25 c26", "meet on 127.0.0.1"),
+        ("06_ddp_in_practice.ipynb", "c02 c03 c04a c05 c08c c09 c11 c12 c25 c26", "meet on 127.0.0.1"),
     ],
 )
-def test_without_the_lab_03_and_04_say_why_and_take_the_fallback(
+def test_without_the_lab_03_and_06_say_why_and_take_the_fallback(
     notebook, cells, words, tmp_path, monkeypatch
 ):
     monkeypatch.setenv(netlab.OFF_ENV, "off")
@@ -157,5 +157,5 @@ def test_without_the_lab_03_and_04_say_why_and_take_the_fallback(
     text = "\n".join(o.get("text", "") for c in done.cells if c.cell_type == "code" for o in c.outputs)
     assert f"{netlab.OFF_ENV}=off is set" in text and words in text
     assert "ip netns exec" not in text
-    if notebook.startswith("04"):
+    if notebook.startswith("06"):
         assert "final weights against the one-node run's: largest difference 0 (allowed: 0)" in text

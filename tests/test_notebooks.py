@@ -44,17 +44,17 @@ FIRST = NOTEBOOKS[0] if NOTEBOOKS else None
 BAD += [
     (nb, {"NPROC": 0}, ["NPROC = 0", "at least 1"])
     for nb in NOTEBOOKS
-    if "NPROC" in parameters_of(nb) and nb.name.startswith("05")
+    if "NPROC" in parameters_of(nb) and nb.name.startswith("08")
 ]
 BAD += [
     (nb, {"DATASETS": "hub"}, ["DATASETS = 'hub'", "only the gpu profile", "'course'"])
     for nb in NOTEBOOKS
-    if nb.name.startswith("06")
+    if nb.name.startswith("09")
 ]
 BAD += [
     (nb, {"MODEL": "/no/such/model"}, ["MODEL = '/no/such/model'", "None"])
     for nb in NOTEBOOKS
-    if "MODEL" in parameters_of(nb) and nb.name.startswith("05")
+    if "MODEL" in parameters_of(nb) and nb.name.startswith("08")
 ]
 
 
@@ -146,7 +146,7 @@ def lesson_with(path, code: str) -> None:
 
 
 def detached_sleeper(marker: str) -> str:
-    """Code for a cell that starts a process in a session of its own (as 06 starts the Web-UI), sleeping for
+    """Code for a cell that starts a process in a session of its own (as 09 starts the Web-UI), sleeping for
     ten minutes, with ``marker`` on its command line."""
     return (
         "import subprocess, sys\n"
@@ -227,7 +227,7 @@ def test_ctrl_c_stops_the_run_says_where_and_reports_it(tmp_path):
 
 def test_sigterm_stops_the_run_and_what_a_cell_started_in_a_session_of_its_own(tmp_path):
     """`kill <runner>` (or a cancelled CI job) stops the run as Ctrl-C does, and with it a process a cell
-    started in a session of its own, as 06 starts the Web-UI, which would outlive a dead kernel."""
+    started in a session of its own, as 09 starts the Web-UI, which would outlive a dead kernel."""
     import os
     import signal
 

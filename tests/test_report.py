@@ -38,7 +38,7 @@ def test_markdown_prints_the_plain_form_outside_jupyter(capsys):
 def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
     from course import runner
 
-    run = runner.NotebookRun(name="07_x", title="07 · x", status="passed", seconds=1.0)
+    run = runner.NotebookRun(name="10_x", title="10 · x", status="passed", seconds=1.0)
     run.metrics = [{"name": "gap", "value": 0.5, "unit": "", "note": "|a - b| over\ntwo lines"}]
     context = {"profile": "smoke", "started": "now", "total_seconds": 1.0}
     md, _ = runner.write_report(tmp_path, [run], context)
@@ -71,11 +71,11 @@ def test_gpu_peak_records_only_where_cuda_ran(monkeypatch, capsys):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     report.reset_gpu_peak()  # nothing to reset without CUDA
-    assert report.gpu_peak("07") is None and capsys.readouterr().out == ""
+    assert report.gpu_peak("10") is None and capsys.readouterr().out == ""
     fake = FakeAllocator(1)
     fake.install(monkeypatch)
     fake.peaks[0] = 3 * 2**30
-    assert report.gpu_peak("07") == 3.0
+    assert report.gpu_peak("10") == 3.0
     assert capsys.readouterr().out == "The most GPU memory held since the reset: 3.00 GiB (one GPU).\n"
 
 
@@ -87,4 +87,4 @@ def test_gpu_peak_starts_at_the_reset_and_sums_every_device(monkeypatch):
     report.reset_gpu_peak()
     assert sorted(fake.reset) == [0, 1]
     fake.peaks.update({0: 4 * 2**30, 1: 3 * 2**30})  # this measurement: a model split over two GPUs
-    assert report.gpu_peak("08") == 7.0
+    assert report.gpu_peak("11") == 7.0

@@ -1,6 +1,6 @@
 """The scripts a lesson writes with ``%%writefile`` and launches with torchrun. Those on ``TAKE_AWAY`` are
 meant to leave the course: each imports only torch, the standard library, other written scripts and, for
-08's, the library its lesson teaches; each runs under plain ``torchrun`` in an empty folder holding nothing
+11's, the library its lesson teaches; each runs under plain ``torchrun`` in an empty folder holding nothing
 but itself and the scripts it imports, and writes its own ``results/rank<N>.json``."""
 
 import ast
@@ -53,8 +53,8 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "sharded_train.py": (2, ["--steps", "2", "--hidden", "16", "--layers", "2", "--batch", "8"]),
 }  # fmt: skip
 TEACHES = {"sharded_train.py": {"deepspeed"}}  # the library a script's lesson is about, beside torch
-LESSON_SCRIPTS = ("01", "02", "03", "04")  # every script these notebooks write is one to take away...
-SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 04.8, which the learner finishes
+LESSON_SCRIPTS = ("01", "02", "03", "06")  # every script these notebooks write is one to take away...
+SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 06.8, which the learner finishes
 
 
 def top_level_imports(source: str) -> set[str]:

@@ -9,7 +9,7 @@ from torch import nn
 from helpers import devicemap, parallelism, sharding
 from helpers.errors import CourseError
 
-script = load_script("sharded_train.py")  # 08's script: what a rank holds and sends, measured there
+script = load_script("sharded_train.py")  # 11's script: what a rank holds and sends, measured there
 
 P = 1000
 
@@ -55,7 +55,7 @@ def test_held_bytes_of_a_plain_model_match_ddp_formula():
 
 
 def test_the_scripts_model_is_the_one_the_notebook_pads_and_counts():
-    """08 computes FSDP2's padding and the parameter count from ``sharding.small_model``: the same weights."""
+    """11 computes FSDP2's padding and the parameter count from ``sharding.small_model``: the same weights."""
     ours, theirs = script.small_model(hidden=64), sharding.small_model(hidden=64)
     assert [p.shape for p in ours.parameters()] == [p.shape for p in theirs.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters(), strict=True))

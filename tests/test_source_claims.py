@@ -34,7 +34,7 @@ def test_sync_batchnorm_gathers_statistics_reduces_gradients_and_refuses_cpu_ten
 
 
 def test_swift_gives_each_rank_every_local_world_size_th_gpu_under_ddp_and_device_map():
-    """08, section 2: the grouping line helpers.devicemap reproduces, as the installed SWIFT has it."""
+    """11, section 2: the grouping line helpers.devicemap reproduces, as the installed SWIFT has it."""
     from swift.model import patcher
 
     from helpers import devicemap

@@ -1,4 +1,4 @@
-"""helpers.troubleshooting: reading launch output, SWIFT logs, py-spy stacks, and the 09 exercise checkers."""
+"""helpers.troubleshooting: reading launch output, SWIFT logs, py-spy stacks, and the 12 exercise checkers."""
 
 import json
 import shlex
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from helpers import launching, troubleshooting
-from helpers.exercises import nb09
+from helpers.exercises import nb12
 
 RANK_OUTPUT = [
     "[rank0]:Traceback (most recent call last):",
@@ -171,15 +171,15 @@ def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
 
 def test_hang_stacks_have_2_to_8_ranks_some_waiting_some_missing():
     for seed in range(40):
-        stacks = nb09.hang_stacks(seed)
+        stacks = nb12.hang_stacks(seed)
         assert 2 <= len(stacks) <= 8 and sorted(stacks) == list(range(len(stacks)))
-        waiting, missing = nb09.stuck_and_missing(stacks)
+        waiting, missing = nb12.stuck_and_missing(stacks)
         assert waiting and missing and waiting | missing == set(stacks) and not waiting & missing
-    assert nb09.hang_stacks(3) == nb09.hang_stacks(3)  # seeded
+    assert nb12.hang_stacks(3) == nb12.hang_stacks(3)  # seeded
 
 
 def test_swift_use_reentrant_follows_swifts_source():
-    reentrant = nb09.swift_use_reentrant
+    reentrant = nb12.swift_use_reentrant
     assert reentrant(None, 2, False, False) is False  # plain DDP: non-reentrant
     assert reentrant(None, 1, False, False) is False  # NPROC_PER_NODE=1 starts torchrun too
     assert reentrant(None, None, False, False) is True  # one process, no torchrun

@@ -1,5 +1,5 @@
-"""SWIFT's Web-UI: notebook 06 maps its fields to flags and reads its training page from the app's own Gradio
-config (web.training_page). Starting it, checking that page and stopping it cleanly are checked by 06 itself
+"""SWIFT's Web-UI: notebook 09 maps its fields to flags and reads its training page from the app's own Gradio
+config (web.training_page). Starting it, checking that page and stopping it cleanly are checked by 09 itself
 (section 8), which the notebooks stage runs."""
 
 import http.server
@@ -15,7 +15,7 @@ from helpers.errors import CourseError
 
 
 def test_the_field_table_is_swifts_own_labels():
-    """notebook 06 maps the page's fields to flags from SWIFT's locale tables, parsed from its source."""
+    """notebook 09 maps the page's fields to flags from SWIFT's locale tables, parsed from its source."""
     from swift.ui.llm_train.lora import LoRA
     from swift.ui.llm_train.self_cog import SelfCog
 

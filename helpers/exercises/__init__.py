@@ -1,6 +1,6 @@
 """Exercise checkers: a learner's answer goes in, a clear verdict comes out.
 
-Each notebook's checkers live in a module of their own here (``nb01`` ... ``nb09``), one per exercise,
+Each notebook's checkers live in a module of their own here (``nb01`` ... ``nb12``), one per exercise,
 registered with ``@checker("01.1")``; the notebook calls ``check("01.1", answer)``, which imports that
 module first. The solution cell (collapsed) asserts ``check(...)`` so CI proves that the reference answer
 passes.

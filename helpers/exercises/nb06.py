@@ -1,171 +1,481 @@
-"""Notebook 06's exercise checkers: accumulation steps, filling SWIFT's placeholders, reading its log."""
+"""Notebook 06's exercise checkers: shards, all-reduce volume, resuming, accumulation, epochs, fp16 hook, checkpoint."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import torch.nn.functional as F
 
-from helpers.exercises import Wrong, brief, call, checker, integer, items, number
-from helpers.paths import write_jsonl
-from helpers.selfcog import fill_placeholders, self_cognition_rows
+from helpers import exercises
+from helpers.checkpoints import resume_point
+from helpers.errors import CourseError
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, integer, items
+from helpers.training import CLASSES, FEATURES, allreduce_bytes, toy_model
 
 
 @checker("06.1")
-def _check_grad_accum(fn):
-    """fn(global_batch, nproc, per_device) -> gradient accumulation steps that keep the global batch."""
-    import random
-
-    rng = random.Random(6)
-    cases = [
-        (16, 1, 1),
-        (16, 2, 1),
-        (16, 4, 2),
-        (4, 2, 2),
-        (4, 1, 4),
-        (32, 8, 1),
-        (64, 4, 4),
-        (8, 2, 4),
-        (12, 3, 4),
-    ]
-    for _ in range(20):
-        nproc, per_device, accum = (
-            rng.choice([1, 2, 3, 4, 8]),
-            rng.choice([1, 2, 3, 4, 16]),
-            rng.randint(1, 16),
+def _padded_shards(answer):
+    """1000 samples, 3 ranks, DistributedSampler defaults: (samples per rank, padded duplicates)."""
+    per_rank, padded = items(answer, "your answer is", 2, what="a tuple (per_rank, padded)")
+    per_rank = integer(per_rank, "per_rank is", "samples")
+    padded = integer(padded, "padded is", "samples")
+    if per_rank == 1002:
+        return False, "1002 is the slots of all 3 ranks together; per_rank is what one rank gets."
+    if per_rank != 334:
+        return (
+            False,
+            f"per_rank = {per_rank!r}: DistributedSampler gives every rank ceil(1000 / 3) samples, so that ranks stay in step.",
         )
-        cases.append((nproc * per_device * accum, nproc, per_device))
-    for global_batch, nproc, per_device in cases:
-        want = global_batch // (nproc * per_device)
-        got = integer(*call(fn, global_batch, nproc, per_device), "accumulation steps")
-        if got == want:
-            continue
-        why = f"{per_device} x {nproc} x {want} = {global_batch}"
-        if got == global_batch // nproc and per_device > 1:
-            why += "; each process takes per_device samples per micro-batch, so divide by that too"
-        raise Wrong(
-            f"for a global batch of {global_batch} on {nproc} process(es) with {per_device} sample(s) "
-            f"each, you gave {got!r}; {want} accumulation steps are needed ({why})."
+    if padded != 2:
+        return (
+            False,
+            f"padded = {padded!r}: 3 x 334 = 1002 slots for 1000 samples, and the sampler repeats indices to fill them.",
         )
-    return True, "the global batch stays the same whatever the number of processes."
-
-
-def _fill_cases() -> list[tuple[dict, list, list]]:
-    """Rows to fill for 06.2: the course's data, placeholders in queries, repeats, other tags, no tag."""
-    import random
-
-    rng = random.Random(62)
-    extra = [
-        {
-            "query": "{{NAME}}是谁开发的？",
-            "response": "{{NAME}}由{{AUTHOR}}开发，{{AUTHOR}}也维护它。",
-            "tag": "zh",
-        },
-        {
-            "query": "Are you {{NAME}} by {{AUTHOR}}?",
-            "response": "Yes, {{NAME}} ({{NAME}}) by {{AUTHOR}}.",
-            "tag": "en",
-        },
-        {"query": "Wer bist du, {{NAME}}?", "response": "Ich bin {{NAME}} von {{AUTHOR}}.", "tag": "de"},
-        {"query": "ハロー", "response": "{{NAME}}です。{{AUTHOR}}が作りました。", "tag": "ja", "source": "x"},
-        {"query": "Hello", "response": "Hi, no placeholder here.", "tag": "en"},
-    ]
-    names = [(["小课", "XiaoKe"], ["DDP课程", "the DDP Course"]), (["甲", "A"], ["乙", "B"])]
-    names += [
-        (
-            [f"名{rng.randint(0, 99)}", f"N{rng.randint(0, 99)}"],
-            [f"作{rng.randint(0, 99)}", f"W{rng.randint(0, 99)}"],
-        )
-    ]
-    return [(row, n, a) for n, a in names for row in self_cognition_rows() + extra]
+    return (
+        True,
+        "With drop_last=False the sampler pads by repeating indices; drop_last=True would give 333 each.",
+    )
 
 
 @checker("06.2")
-def _check_fill(fn):
-    """fn(row, name, author) -> the row with SWIFT's placeholders filled."""
-    cases = _fill_cases()
-    for row, name, author in cases:
-        want = fill_placeholders(row, name, author)
-        given = dict(row)
-        got, said = call(fn, given, list(name), list(author), show=f"fill_row({row!r}, {name!r}, {author!r})")
-        if not isinstance(got, dict):
-            raise Wrong(f"{said} {brief(got)}; the answer is the filled row, a dict.")
-        if given != row:
-            raise Wrong(f"{said} a row, but it changed the row it was given; return a copy (dict(row)).")
-        for key in ("query", "response"):
-            if got.get(key) == want[key]:
-                continue
-            hint = "SWIFT uses the zh value for tag zh and the en value for every other tag"
-            if got.get(key) == row[key] and "{{" in row[key]:
-                hint = f"the {key} still holds its placeholders; fill both query and response"
-            elif isinstance(got.get(key), str) and "{{" in got[key]:
-                hint = "every occurrence of a placeholder is replaced, not only the first"
-            raise Wrong(
-                f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {brief(got.get(key))}; {hint}."
-            )
-        if {k: v for k, v in got.items() if k not in ("query", "response")} != {
-            k: v for k, v in row.items() if k not in ("query", "response")
-        }:
-            raise Wrong(f"{said} {brief(got)}: keep the row's other fields (tag, ...) as they were.")
-    return True, f"all {len(cases)} rows filled as SWIFT fills them."
+def _allreduce_volume(fn):
+    """A function (steps, accum, grad_bytes, no_sync) -> bytes all-reduced per rank."""
+    import random
 
-
-def _log_cases(rng) -> list[tuple[list[dict], tuple[int, float]]]:
-    """logging.jsonl files for 06.3 and their (last step, loss): finished, logged every k steps, killed, with eval."""
-
-    def step(k, total, loss):
-        return {"loss": loss, "token_acc": 0.5, "global_step/max_steps": f"{k}/{total}"}
-
-    def summary(total):
-        return {"train_runtime": 12.0, "train_loss": 1.5, "global_step/max_steps": f"{total}/{total}"}
-
-    closing = {"last_model_checkpoint": "/x/checkpoint-3", "global_step": 3, "log_history": []}
+    rng = random.Random(4)
     cases = [
-        ([step(1, 3, 2.5), step(2, 3, 1.25), step(3, 3, 0.75), summary(3), closing], (3, 0.75)),
-        ([step(5, 13, 2.0), step(10, 13, 1.5), step(13, 13, 1.0), summary(13), closing], (13, 1.0)),
-        (
-            [step(5, 12, 2.0), step(10, 12, 1.25), summary(12), closing],
-            (10, 1.25),
-        ),  # 12 is not a multiple of 5
-        ([step(1, 40, 3.0), step(2, 40, 2.75), step(7, 40, 2)], (7, 2.0)),  # killed: no summary, integer loss
-        (
-            [step(10, 20, 1.75), {"eval_loss": 1.9, "global_step/max_steps": "10/20"}, step(20, 20, 0.5)]
-            + [{"eval_loss": 0.4, "global_step/max_steps": "20/20"}, summary(20)],
-            (20, 0.5),
-        ),
+        (s, a, g, n) for s in (1, 3, 10) for a in (1, 2, 4, 8) for g in (4, 4_000_000) for n in (True, False)
     ]
-    for _ in range(4):
-        every, logged = rng.randint(1, 5), rng.randint(1, 9)
-        total = every * logged + rng.randint(0, every - 1)
-        lines = [step(every * (i + 1), total, round(rng.uniform(0.1, 3), 4)) for i in range(logged)]
-        cases.append((lines + [summary(total), closing], (every * logged, lines[-1]["loss"])))
-    return cases
+    cases += [
+        (rng.randint(1, 500), rng.randint(1, 64), rng.randint(1, 10**10), rng.random() < 0.5)
+        for _ in range(20)
+    ]
+    for steps, accum, grad_bytes, no_sync in cases:
+        want = allreduce_bytes(steps, accum, grad_bytes, no_sync)
+        got = integer(*call(fn, steps, accum, grad_bytes, no_sync), "bytes")
+        if got == want:
+            continue
+        shown_ = f"steps={steps}, accum={accum}, grad_bytes={grad_bytes}, no_sync={no_sync}"
+        if no_sync and got == allreduce_bytes(steps, accum, grad_bytes, False):
+            raise Wrong(
+                f"{shown_}: DDP all-reduces {want!r} bytes, not {got!r}; under no_sync only the last micro-batch's backward syncs."
+            )
+        if not no_sync and got == allreduce_bytes(steps, accum, grad_bytes, True):
+            raise Wrong(
+                f"{shown_}: DDP all-reduces {want!r} bytes, not {got!r}; without no_sync every micro-batch's backward syncs."
+            )
+        raise Wrong(f"{shown_}: DDP all-reduces {want!r} bytes, your function says {got!r}.")
+    return (
+        True,
+        "Every synchronised backward sends all gradients once; no_sync makes it once per optimizer step.",
+    )
 
 
 @checker("06.3")
-def _check_last_logged(fn):
-    """fn(path_to_logging_jsonl) -> (last step, its loss)."""
-    import random
-    import tempfile
+def _resume(fn):
+    """A function (step, steps_per_epoch, accum) -> (epoch, micro-batches to skip)."""
+    cases = [
+        (step, spe, accum) for spe in (1, 3, 4, 7) for accum in (1, 2, 4) for step in range(0, 3 * spe + 1)
+    ]
+    cases += [(1000, 7, 3), (999, 1000, 16)]
+    for step, spe, accum in cases:
+        want = resume_point(step, spe, accum)
+        got, said = call(fn, step, spe, accum)
+        epoch, skip = items(got, said, 2, what="a tuple (epoch, micro_batches_to_skip)")
+        got = (integer(epoch, f"{said} an epoch", "epochs"), integer(skip, f"{said} a skip", "micro-batches"))
+        if got == want:
+            continue
+        shown_ = f"after step {step} with {spe} steps/epoch and accum {accum}"
+        if accum > 1 and got == (want[0], want[1] // accum):
+            raise Wrong(
+                f"{shown_}: {want}, not {got}; the skip counts micro-batches, and each step used {accum}."
+            )
+        if got[0] == want[0] + 1:
+            raise Wrong(
+                f"{shown_}: {want}, not {got}; epochs count from 0, and step // steps_per_epoch of them are done."
+            )
+        raise Wrong(f"{shown_}: {want}, not {got}.")
+    return True, "divmod gives the epoch and the steps done in it; each step used `accum` micro-batches."
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for case, (lines, want) in enumerate(_log_cases(random.Random(63))):
-            path = write_jsonl(Path(tmp) / f"run{case}" / "logging.jsonl", lines)
-            got, said = call(fn, str(path), show=f"last_logged on a log of {len(lines)} lines")
-            step, loss = items(got, said, 2, what="a tuple (step, loss)")
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise Wrong(f"{said} step {brief(step)}; the step is an int.")
-            loss = number(loss, f"{said} loss", "(the loss, a float)")
-            if (step, loss) == want:
+
+@checker("06.4")
+def _accumulation_step(fn):
+    """A function (net, optimizer, micro_batches) -> None: one optimizer step over the micro-batches, with
+    DDP's all-reduce once, at the last one."""
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+
+    def rank_part(rank, world):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        g = torch.Generator().manual_seed(rank)
+        micro = [
+            (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
+            for _ in range(4)
+        ]
+        reduced = []
+
+        def counting(state, bucket):
+            reduced.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        yours, reference = DDP(toy_model(hidden=64)), DDP(toy_model(hidden=64))
+        yours.register_comm_hook(None, counting)
+        opt_yours = torch.optim.SGD(yours.parameters(), lr=0.1)
+        opt_reference = torch.optim.SGD(reference.parameters(), lr=0.1)
+        fn(yours, opt_yours, micro)  # it steps the model in place; whatever it returns is not used
+        x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])  # one batch of them all
+        opt_reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt_reference.step()
+        gap = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), reference.parameters(), strict=True)
+        )
+        moved = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), toy_model(hidden=64).parameters(), strict=True)
+        )
+        if moved == 0:
+            raise NotAnswered("the weights did not change: accumulation_step must call optimizer.step().")
+        return {
+            "all_reduces": len(reduced),
+            "buckets": len(set(reduced)),
+            "gap": gap,
+        }
+
+    try:
+        results = exercises.on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    first = results[0]
+    if first["all_reduces"] > first["buckets"]:
+        return False, (
+            f"DDP all-reduced {first['all_reduces']} buckets for one optimizer step, not {first['buckets']}: the "
+            "forward pass must be inside no_sync() as well, since DDP decides in forward whether backward syncs."
+        )
+    if not all(r["gap"] <= 1e-6 for r in results):  # NaN weights fail too
+        return False, (
+            f"the weights differ from one step on all the micro-batches at once by {max(r['gap'] for r in results):.3g}: "
+            "divide each micro-batch's loss by their number, zero the gradients once, and step once at the end."
+        )
+    return True, "One all-reduce per optimizer step, and the same update as one large batch."
+
+
+@checker("06.5")
+def _epoch_orders(fn):
+    """A function (n, rank, world, epochs, seed) -> the indices one rank trains on, epoch by epoch, from a
+    DistributedSampler that is told the epoch."""
+    from torch.utils.data import DistributedSampler
+
+    for n, world, epochs, seed in ((20, 2, 3, 0), (17, 3, 4, 5), (8, 1, 3, 1), (30, 4, 2, 7), (3, 4, 2, 2)):
+        for rank in range(world):
+            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+            want = []
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                want.append(list(sampler))
+            got, said = call(fn, n, rank, world, epochs, seed)
+            orders = items(got, said, None, list, "a list with one list of indices per epoch")
+            for order in orders:
+                items(order, f"{said} an epoch's order", None, list, "a list of indices")
+                if not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
+                    raise Wrong(f"{said} an epoch's order {brief(order)}; an order holds int indices.")
+            if got == want:
                 continue
-            total = int(lines[0]["global_step/max_steps"].split("/")[1])
-            shown_lines = "\n".join(json.dumps(line) for line in lines)
-            if step == total != want[0]:
-                why = "that is max_steps, the planned total; the step is the number before the slash on the last loss line"
-            elif step == sum("loss" in line for line in lines) != want[0]:
-                why = (
-                    "that counts the loss lines; a run may log every k steps, so read the step from the line"
+            if len(got) == epochs and len(got) > 1 and all(order == got[0] for order in got):
+                return False, (
+                    f"n={n}, rank {rank} of {world}: every epoch repeats epoch 0's order {got[0]!r}. The sampler "
+                    "shuffles with seed + epoch, and only sampler.set_epoch(epoch) tells it the epoch."
                 )
-            else:
-                why = "the summary line (train_runtime) and the closing line (log_history) are not steps, nor is eval_loss"
-            raise Wrong(f"for the log\n{shown_lines}\nthe answer is {want!r}, not {(step, loss)!r}: {why}.")
-    return True, "that is how the curves in this notebook are read."
+            return (
+                False,
+                f"n={n}, rank {rank} of {world}, seed {seed}: the sampler gives {want!r}, not {got!r}.",
+            )
+    return True, (
+        "One line: sampler.set_epoch(epoch) at the top of each epoch. Every rank calls it with the same "
+        "epoch, so the shards stay disjoint while the order changes."
+    )
+
+
+def _flat_grads(net):
+    import torch
+
+    return torch.cat([p.grad.detach().flatten() for p in net.parameters()])
+
+
+@checker("06.6")
+def _fp16_hook(fn):
+    """A DDP comm hook (state, bucket) -> Future: float16 compression, bit for bit as torch's
+    ``default_hooks.fp16_compress_hook``, on an ordinary step and on one whose gradients come near 65504."""
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    returned = {"none": False, "dtypes": set()}
+
+    def yours(state, bucket):
+        """The learner's hook, watched: a None is passed on unchanged, the Future's dtype is noted."""
+        future = fn(state, bucket)
+        if future is None:
+            returned["none"] = True
+            future = torch.futures.Future()
+            future.set_result(bucket.buffer())
+            return future
+        if not isinstance(future, (torch.futures.Future, torch._C.Future)):
+            raise Wrong(
+                f"fp16_hook returned {brief(future)}; DDP needs a torch.futures.Future of the bucket."
+            )
+
+        def note(done):
+            value = done.value()
+            returned["dtypes"].add((str(value.dtype), str(bucket.buffer().dtype)))
+            return value
+
+        return future.then(note)
+
+    def bf16(state, bucket):
+        """torch's bf16_compress_hook, under another name: DDP refuses that name without CUDA and NCCL."""
+        return default_hooks.bf16_compress_hook(state, bucket)
+
+    hooks = {
+        "torch": default_hooks.fp16_compress_hook,
+        "plain": default_hooks.allreduce_hook,
+        "bf16": bf16,
+        "yours": yours,
+    }
+
+    def rank_part(rank, world):
+        out = {}
+        for case in ("ordinary", "scaled"):
+            # ordinary: each rank its own batch; scaled: one batch on both ranks, loss x (60000 / largest gradient)
+            g = torch.Generator().manual_seed(rank if case == "ordinary" else 99)
+            x, y = torch.randn(16, FEATURES, generator=g), torch.randint(0, CLASSES, (16,), generator=g)
+            scale = 1.0
+            if case == "scaled":
+                probe = toy_model(hidden=32)
+                F.cross_entropy(probe(x), y).backward()
+                scale = 60_000 / max(float(p.grad.abs().max()) for p in probe.parameters())
+            for name, hook in hooks.items():
+                net = DDP(toy_model(hidden=32))
+                net.register_comm_hook(None, hook)
+                (F.cross_entropy(net(x), y) * scale).backward()
+                out[case, name] = _flat_grads(net).tolist()  # numbers, not tensors: a tensor is passed
+        if returned["none"]:  # through shared memory, which this rank takes with it when it exits
+            raise NotAnswered("fp16_hook returned None (is a `return` missing?); DDP needs a Future.")
+        return {"grads": out, "dtypes": sorted(returned["dtypes"])}
+
+    try:
+        results = exercises.on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    for r in results:
+        r["grads"] = {key: torch.tensor(values, dtype=torch.float32) for key, values in r["grads"].items()}
+    grads = results[0]["grads"]
+    torch_ = grads["ordinary", "torch"]
+    differ_from_plain = int((torch_ != grads["ordinary", "plain"]).sum())
+    if differ_from_plain == 0 or not all(
+        bool(torch.isfinite(grads["scaled", k]).all()) for k in ("torch", "plain")
+    ):
+        raise CourseError("the check's own step does not show float16 rounding, or overflows in torch's hook")
+    dtypes = {d for r in results for d in r["dtypes"]}
+    wrong_dtype = sorted(value for value, bucket in dtypes if value != bucket)
+    if wrong_dtype:
+        return False, (
+            f"your Future holds a {wrong_dtype[0]} tensor, not one in the bucket's dtype (torch.float32). DDP "
+            "happens to cast it while copying into .grad, but a hook's result is the bucket's new value: copy it "
+            "back, as torch's decompress does with bucket.buffer().copy_(...)."
+        )
+
+    def yours_equal(other: str) -> bool:  # on both steps, every rank
+        return all(
+            torch.equal(r["grads"][c, "yours"], r["grads"][c, other])
+            for r in results
+            for c in ("ordinary", "scaled")
+        )
+
+    if yours_equal("torch"):
+        return True, (
+            f"Bit for bit torch's fp16_compress_hook, half the bytes on the wire; {differ_from_plain} of "
+            f"{torch_.numel()} gradient entries differ from the uncompressed all-reduce's (float16 keeps 11 "
+            "significant bits), and dividing first kept the sum of two ~60000 gradients below 65504."
+        )
+    mine = grads["ordinary", "yours"]
+    if yours_equal("plain"):
+        return False, (
+            "these are the gradients of the plain float32 all-reduce: nothing was compressed. Cast the bucket to "
+            "torch.float16 and all-reduce that copy, so that half the bytes travel."
+        )
+    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, 2 * torch_, rtol=1e-2, atol=1e-6):
+        return False, (
+            "your gradients are twice torch's: the all-reduce sums, so the hook must divide by "
+            "dist.get_world_size() to average (DDP does not divide when a hook is registered)."
+        )
+    if yours_equal("bf16"):
+        return False, (
+            "these are bf16_compress_hook's gradients: torch.bfloat16 keeps 8 significant bits, torch.float16 "
+            "11 (and a smaller range). Cast to torch.float16."
+        )
+    scaled = grads["scaled", "yours"]
+    if not bool(torch.isfinite(scaled).all()):
+        return False, (
+            f"with the loss scaled so that each rank's largest gradient is about 60000, {int((~torch.isfinite(scaled)).sum())} "
+            "gradient entries came back as inf or NaN: the float16 sum of two ranks passes 65504, float16's "
+            "largest number. Divide by the world size before the all-reduce, as torch's hook does."
+        )
+    gap = max(
+        float((r["grads"][c, "yours"] - r["grads"][c, "torch"]).abs().max())
+        for r in results
+        for c in ("ordinary", "scaled")
+    )
+    count = max(
+        int((r["grads"][c, "yours"] != r["grads"][c, "torch"]).sum())
+        for r in results
+        for c in ("ordinary", "scaled")
+    )
+    return False, (
+        f"{count} gradient entries differ from fp16_compress_hook's, by up to {gap:.3g}. Do it in torch's order: "
+        "cast the bucket to float16, divide that copy by the world size, all-reduce it asynchronously, and "
+        "copy the result back into bucket.buffer() in a .then() callback."
+    )
+
+
+@checker("06.7")
+def _checkpoint(fn):
+    """A function (path, model, optimizer, step=None): with a step, save (rank 0 writes, every rank returns once
+    the file is complete); without, load into the bare model and optimizer and return the step saved.
+    Resumed training must equal straight training bit for bit, on 2 ranks with DDP and Adam."""
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    steps, saved_at = 4, 2
+    folder = Path(tempfile.mkdtemp(prefix="course-04.7-"))
+    path = folder / "latest.pt"
+
+    def train(net, optimizer, batches):
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+
+    def rank_part(rank, world):
+        g = torch.Generator().manual_seed(rank)
+        batches = [
+            (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
+            for _ in range(steps)
+        ]
+        straight = toy_model(hidden=32)
+        train(DDP(straight), torch.optim.Adam(straight.parameters(), lr=0.01), batches)
+
+        first = toy_model(hidden=32)
+        net, optimizer = DDP(first), torch.optim.Adam(first.parameters(), lr=0.01)
+        train(net, optimizer, batches[:saved_at])
+        writers = []
+        if rank != 0:  # this forked rank only: note a torch.save here, then do it
+            real_save = torch.save
+
+            def noted_save(*args, **kwargs):
+                writers.append(rank)
+                return real_save(*args, **kwargs)
+
+            torch.save = noted_save
+        else:
+            time.sleep(0.5)  # rank 0 comes late: a rank that does not wait for it finds no file
+        fn(path, net, optimizer, saved_at)
+
+        fresh = toy_model(hidden=32, seed=1)  # other weights than the run's: resuming must load them
+        fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.01)
+        try:
+            step = fn(path, fresh, fresh_optimizer)
+        except Exception as exc:
+            text = str(exc)
+            if "module." in text:
+                raise Wrong(
+                    "the checkpoint's weights are named 'module.…' (the state_dict of the DDP wrapper) and do not "
+                    "load into the bare model: save net.module.state_dict(), the model DDP wraps."
+                ) from None
+            if rank != 0 and (
+                isinstance(exc, FileNotFoundError) or "zip archive" in text or "Stream" in text
+            ):
+                raise Wrong(
+                    f"rank {rank} read the checkpoint before rank 0 had finished writing it "
+                    f"({type(exc).__name__}): after rank 0's write, every rank waits at dist.barrier()."
+                ) from None
+            raise
+        if writers:
+            raise Wrong(
+                f"rank {rank} wrote the checkpoint too: every rank holds the same state, and ranks writing one "
+                "file at once can leave it torn. Write on rank 0 only (dist.get_rank() == 0)."
+            )
+        if step is None:
+            raise NotAnswered(
+                "resuming returned None (is a `return` missing?); it returns the step the checkpoint was saved at."
+            )
+        return {
+            "step": step.tolist()
+            if isinstance(step, torch.Tensor)
+            else step,  # a tensor would leave with this rank
+            "optimizer_state": len(fresh_optimizer.state),
+            "weights_loaded": all(
+                torch.equal(a, b)
+                for a, b in zip(fresh.state_dict().values(), first.state_dict().values(), strict=True)
+            ),
+            "gap": None
+            if step != saved_at
+            else _resumed_gap(fresh, fresh_optimizer, batches[saved_at:], straight, train),
+        }
+
+    try:
+        results = exercises.on_ranks(rank_part, 2, timeout=40)
+    except CourseError as error:
+        return False, str(error)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    first = results[0]
+    step = integer(first["step"], "resuming returned", "optimizer steps")
+    if step != saved_at:
+        return False, (
+            f"resuming returned step {step}, but the checkpoint was saved after {saved_at} steps: keep the step in "
+            "the checkpoint and return it, or the run redoes (or skips) steps and their data."
+        )
+    if not all(r["weights_loaded"] for r in results):
+        return (
+            False,
+            "after resuming, the model does not hold the saved weights: load_state_dict into the model given.",
+        )
+    if not all(r["optimizer_state"] for r in results):
+        return False, (
+            "after resuming, the optimizer holds no state: Adam's moments (and its step count) decide the next "
+            "updates, so save optimizer.state_dict() and load it with optimizer.load_state_dict()."
+        )
+    gaps = [r["gap"] for r in results]
+    if not all(gap == 0 for gap in gaps):
+        return False, (
+            f"after resuming and training the remaining {steps - saved_at} steps, the weights differ from "
+            f"{steps} steps straight by up to {max(gaps, key=lambda v: v if v == v else float('inf'))!r}: save and "
+            "restore the weights, the optimizer's state and the step, all from one moment."
+        )
+    return True, (
+        f"{saved_at} steps, a checkpoint, a fresh model and optimizer, {steps - saved_at} more steps: the "
+        f"weights of {steps} steps straight, bit for bit, on every rank."
+    )
+
+
+def _resumed_gap(model, optimizer, batches, straight, train) -> float:
+    """Wrap the resumed model in DDP, train it on the batches after the checkpoint, and return the largest difference
+    from the run that never stopped."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    train(DDP(model), optimizer, batches)
+    return max(
+        float((a - b).detach().abs().max())
+        for a, b in zip(model.parameters(), straight.parameters(), strict=True)
+    )
+
+
+from helpers.exercises import nb06_script  # noqa: E402, F401 - registers 06.8, the script written from scratch

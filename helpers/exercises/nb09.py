@@ -1,183 +1,171 @@
-"""Notebook 09's exercise checkers: SWIFT's use_reentrant, activation memory, a hang's stacks."""
+"""Notebook 09's exercise checkers: accumulation steps, filling SWIFT's placeholders, reading its log."""
 
 from __future__ import annotations
 
-import copy
+import json
+from pathlib import Path
 
-from helpers.exercises import Wrong, brief, call, checker, close, items, number
-
-
-def swift_use_reentrant(kwargs, nproc_per_node, deepspeed: bool, fsdp: bool) -> bool:
-    """The ``use_reentrant`` ms-swift 4.6 passes to ``torch.utils.checkpoint`` (``SwiftMixin``,
-    swift/trainers/mixin.py): the one ``--gradient_checkpointing_kwargs`` names, else False when the
-    process is distributed (``is_dist()``: torchrun set RANK, which it does whenever NPROC_PER_NODE is
-    set, 1 included) and neither DeepSpeed nor FSDP is on, else True."""
-    chosen = kwargs.get("use_reentrant") if kwargs else None
-    if chosen is None:
-        chosen = not (nproc_per_node is not None and not deepspeed and not fsdp)
-    return chosen
-
-
-def _reentrant_cases() -> list[tuple]:
-    """Every command shape 09.1 is checked on: the section's own command first, then the rest."""
-    kwargs = [None, {}, {"use_reentrant": True}, {"use_reentrant": False}, {"preserve_rng_state": False}]
-    sharded = [(False, False), (True, False), (False, True)]  # DeepSpeed and FSDP are not used together
-    cases = [(None, 2, False, False)]
-    cases += [(kw, n, ds, fs) for n in (2, None, 1, 4, 8) for ds, fs in sharded for kw in kwargs]
-    return cases
+from helpers.exercises import Wrong, brief, call, checker, integer, items, number
+from helpers.paths import write_jsonl
+from helpers.selfcog import fill_placeholders, self_cognition_rows
 
 
 @checker("09.1")
-def _which_reentrant(fn):
-    """A function (kwargs, nproc_per_node, deepspeed, fsdp) -> the use_reentrant SWIFT 4.6 chooses."""
-    for kwargs, nproc, deepspeed, fsdp in _reentrant_cases():
-        want = swift_use_reentrant(kwargs, nproc, deepspeed, fsdp)
-        got, said = call(fn, copy.deepcopy(kwargs), nproc, deepspeed, fsdp)
-        if not isinstance(got, bool):
-            hint = " (is a `return` missing?)" if got is None else ""
-            raise Wrong(f"{said} {brief(got)}{hint}; the answer is True or False.")
+def _check_grad_accum(fn):
+    """fn(global_batch, nproc, per_device) -> gradient accumulation steps that keep the global batch."""
+    import random
+
+    rng = random.Random(6)
+    cases = [
+        (16, 1, 1),
+        (16, 2, 1),
+        (16, 4, 2),
+        (4, 2, 2),
+        (4, 1, 4),
+        (32, 8, 1),
+        (64, 4, 4),
+        (8, 2, 4),
+        (12, 3, 4),
+    ]
+    for _ in range(20):
+        nproc, per_device, accum = (
+            rng.choice([1, 2, 3, 4, 8]),
+            rng.choice([1, 2, 3, 4, 16]),
+            rng.randint(1, 16),
+        )
+        cases.append((nproc * per_device * accum, nproc, per_device))
+    for global_batch, nproc, per_device in cases:
+        want = global_batch // (nproc * per_device)
+        got = integer(*call(fn, global_batch, nproc, per_device), "accumulation steps")
         if got == want:
             continue
-        named = kwargs.get("use_reentrant") if kwargs else None
-        if named is not None:
-            why = "--gradient_checkpointing_kwargs names use_reentrant, and SWIFT passes that value on"
-        elif nproc == 1 and not (deepspeed or fsdp):
-            why = "NPROC_PER_NODE=1 still starts torchrun, which sets RANK: is_dist() is true"
-        elif nproc is None:
-            why = "without NPROC_PER_NODE one process runs, not started by torchrun: is_dist() is false"
-        elif deepspeed or fsdp:
-            why = (
-                "with DeepSpeed or FSDP, DDP's reducer is not in use and SWIFT keeps reentrant checkpointing"
-            )
-        else:
-            why = "under plain DDP SWIFT switches to non-reentrant checkpointing"
-        raise Wrong(f"{said} {got!r}; SWIFT passes use_reentrant={want!r}: {why}.")
-    return True, (
-        "A use_reentrant named in the kwargs wins; otherwise only a torchrun launch without DeepSpeed or FSDP, "
-        "plain DDP, gets non-reentrant checkpointing."
-    )
+        why = f"{per_device} x {nproc} x {want} = {global_batch}"
+        if got == global_batch // nproc and per_device > 1:
+            why += "; each process takes per_device samples per micro-batch, so divide by that too"
+        raise Wrong(
+            f"for a global batch of {global_batch} on {nproc} process(es) with {per_device} sample(s) "
+            f"each, you gave {got!r}; {want} accumulation steps are needed ({why})."
+        )
+    return True, "the global batch stays the same whatever the number of processes."
+
+
+def _fill_cases() -> list[tuple[dict, list, list]]:
+    """Rows to fill for 09.2: the course's data, placeholders in queries, repeats, other tags, no tag."""
+    import random
+
+    rng = random.Random(62)
+    extra = [
+        {
+            "query": "{{NAME}}是谁开发的？",
+            "response": "{{NAME}}由{{AUTHOR}}开发，{{AUTHOR}}也维护它。",
+            "tag": "zh",
+        },
+        {
+            "query": "Are you {{NAME}} by {{AUTHOR}}?",
+            "response": "Yes, {{NAME}} ({{NAME}}) by {{AUTHOR}}.",
+            "tag": "en",
+        },
+        {"query": "Wer bist du, {{NAME}}?", "response": "Ich bin {{NAME}} von {{AUTHOR}}.", "tag": "de"},
+        {"query": "ハロー", "response": "{{NAME}}です。{{AUTHOR}}が作りました。", "tag": "ja", "source": "x"},
+        {"query": "Hello", "response": "Hi, no placeholder here.", "tag": "en"},
+    ]
+    names = [(["小课", "XiaoKe"], ["DDP课程", "the DDP Course"]), (["甲", "A"], ["乙", "B"])]
+    names += [
+        (
+            [f"名{rng.randint(0, 99)}", f"N{rng.randint(0, 99)}"],
+            [f"作{rng.randint(0, 99)}", f"W{rng.randint(0, 99)}"],
+        )
+    ]
+    return [(row, n, a) for n, a in names for row in self_cognition_rows() + extra]
 
 
 @checker("09.2")
-def _activation_memory(fn):
-    """A function (layers, layer_mb, input_mb, checkpointed) -> MB of activations held at the peak."""
-    import random
+def _check_fill(fn):
+    """fn(row, name, author) -> the row with SWIFT's placeholders filled."""
+    cases = _fill_cases()
+    for row, name, author in cases:
+        want = fill_placeholders(row, name, author)
+        given = dict(row)
+        got, said = call(fn, given, list(name), list(author), show=f"fill_row({row!r}, {name!r}, {author!r})")
+        if not isinstance(got, dict):
+            raise Wrong(f"{said} {brief(got)}; the answer is the filled row, a dict.")
+        if given != row:
+            raise Wrong(f"{said} a row, but it changed the row it was given; return a copy (dict(row)).")
+        for key in ("query", "response"):
+            if got.get(key) == want[key]:
+                continue
+            hint = "SWIFT uses the zh value for tag zh and the en value for every other tag"
+            if got.get(key) == row[key] and "{{" in row[key]:
+                hint = f"the {key} still holds its placeholders; fill both query and response"
+            elif isinstance(got.get(key), str) and "{{" in got[key]:
+                hint = "every occurrence of a placeholder is replaced, not only the first"
+            raise Wrong(
+                f"row {row[key]!r} (tag {row['tag']}) should become {want[key]!r}, not {brief(got.get(key))}; {hint}."
+            )
+        if {k: v for k, v in got.items() if k not in ("query", "response")} != {
+            k: v for k, v in row.items() if k not in ("query", "response")
+        }:
+            raise Wrong(f"{said} {brief(got)}: keep the row's other fields (tag, ...) as they were.")
+    return True, f"all {len(cases)} rows filled as SWIFT fills them."
 
-    rng = random.Random(92)
+
+def _log_cases(rng) -> list[tuple[list[dict], tuple[int, float]]]:
+    """logging.jsonl files for 09.3 and their (last step, loss): finished, logged every k steps, killed, with eval."""
+
+    def step(k, total, loss):
+        return {"loss": loss, "token_acc": 0.5, "global_step/max_steps": f"{k}/{total}"}
+
+    def summary(total):
+        return {"train_runtime": 12.0, "train_loss": 1.5, "global_step/max_steps": f"{total}/{total}"}
+
+    closing = {"last_model_checkpoint": "/x/checkpoint-3", "global_step": 3, "log_history": []}
     cases = [
-        (n, lm, im, c)
-        for n in (8, 30, 2, 1)
-        for lm, im in ((1.0, 0.1), (12.5, 1.5), (40.0, 2.0))
-        for c in (False, True)
+        ([step(1, 3, 2.5), step(2, 3, 1.25), step(3, 3, 0.75), summary(3), closing], (3, 0.75)),
+        ([step(5, 13, 2.0), step(10, 13, 1.5), step(13, 13, 1.0), summary(13), closing], (13, 1.0)),
+        (
+            [step(5, 12, 2.0), step(10, 12, 1.25), summary(12), closing],
+            (10, 1.25),
+        ),  # 12 is not a multiple of 5
+        ([step(1, 40, 3.0), step(2, 40, 2.75), step(7, 40, 2)], (7, 2.0)),  # killed: no summary, integer loss
+        (
+            [step(10, 20, 1.75), {"eval_loss": 1.9, "global_step/max_steps": "10/20"}, step(20, 20, 0.5)]
+            + [{"eval_loss": 0.4, "global_step/max_steps": "20/20"}, summary(20)],
+            (20, 0.5),
+        ),
     ]
-    cases += [
-        (rng.randint(1, 96), rng.uniform(1, 500), rng.uniform(0.01, 1), rng.random() < 0.5) for _ in range(20)
-    ]
-    for layers, layer_mb, input_mb, ckpt in cases:
-        want = layers * input_mb + layer_mb if ckpt else layers * layer_mb
-        got = number(*call(fn, layers, layer_mb, input_mb, ckpt), "MB")
-        if close(got, want, rel=1e-9):
-            continue
-        shown_ = f"{layers} layers of {layer_mb!r} MB (inputs {input_mb!r} MB), checkpointed={ckpt}"
-        if ckpt and close(got, layers * input_mb, rel=1e-9):
-            why = "; the layer being recomputed holds its layer_mb too"
-        elif ckpt and close(got, layers * layer_mb, rel=1e-9):
-            why = "; with checkpointing only each layer's input waits for backward"
-        elif ckpt and close(got, (layers - 1) * input_mb + layer_mb, rel=1e-9):
-            why = "; count every layer's kept input, the recomputed one's included, plus its layer_mb"
-        else:
-            why = ""
-        raise Wrong(f"{shown_}: expected {want!r} MB, got {got!r} MB{why}.")
-    return True, (
-        "Without checkpointing every layer's activations wait for backward; with it only each layer's "
-        "input is kept, plus one layer's activations while that layer is recomputed."
-    )
-
-
-_COLLECTIVES = ["all_reduce", "barrier", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
-_CALLERS = ["sync_gradients (train.py:88)", "step (optim.py:41)", "save_checkpoint (train.py:120)"]
-_ELSEWHERE = [  # where a missing rank can be: none of these frames is in torch.distributed's collectives
-    ["wait_for_input (hang.py:19)"],
-    ["__next__ (dataloader.py:733)", "next_batch (train.py:61)"],
-    ["recv_into (socket.py:706)", "retry (io.py:12)", "read_shard (data.py:30)"],
-    ["write (serialization.py:650)", "save (serialization.py:943)", "save_checkpoint (train.py:118)"],
-    ["forward (linear.py:125)", "_call_impl (module.py:1784)", "sync_metrics_from_disk (train.py:70)"],
-]
-_THREADS = [  # a background thread py-spy lists before the main one (its frames come first)
-    ["_pin_memory_loop (pin_memory.py:59)", "run (threading.py:982)", "_bootstrap (threading.py:1002)"],
-    ["wait (threading.py:331)", "run (_monitor.py:60)", "_bootstrap (threading.py:1002)"],
-]
-
-
-def hang_stacks(seed: int) -> dict[int, list[str]]:
-    """Made-up py-spy stacks of a hung job, ``{rank: frames}`` as ``troubleshooting.stack_frames`` gives
-    them (each thread innermost first, a background thread's before the main thread's), 2 to 8 ranks in
-    shuffled order: some inside a collective (a frame in distributed_c10d.py), at least one elsewhere."""
-    import random
-
-    rng = random.Random(seed)
-    ranks = list(range(rng.randint(2, 8)))
-    missing = set(rng.sample(ranks, rng.randint(1, len(ranks) - 1)))
-    stacks = {}
-    for rank in rng.sample(ranks, len(ranks)):
-        if rank in missing:
-            frames = list(rng.choice(_ELSEWHERE))
-        else:
-            frames = [f"{rng.choice(_COLLECTIVES)} (distributed_c10d.py:{rng.randint(2000, 4900)})"]
-            frames += ["wrapper (c10d_logger.py:83)"] if rng.random() < 0.7 else []
-            frames.append(rng.choice(_CALLERS))
-        frames += [f"main (train.py:{rng.randint(130, 200)})", "<module> (train.py:210)"]
-        stacks[rank] = (rng.choice(_THREADS) if rng.random() < 0.4 else []) + frames
-    return stacks
-
-
-def stuck_and_missing(stacks: dict) -> tuple[set, set]:
-    """(ranks inside a torch.distributed collective, ranks that are not) from ``{rank: frames}``."""
-    waiting = {rank for rank, frames in stacks.items() if any("(distributed_c10d.py:" in f for f in frames)}
-    return waiting, set(stacks) - waiting
-
-
-def _rank_set(value, said: str, name: str) -> set:
-    ranks = items(value, f"{said} {name}", None, (set, frozenset), f"a set of ranks ({name})")
-    for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise Wrong(f"{said} {brief(rank)} among the {name} ranks; a rank is an int (the dict's key).")
-    return set(ranks)
+    for _ in range(4):
+        every, logged = rng.randint(1, 5), rng.randint(1, 9)
+        total = every * logged + rng.randint(0, every - 1)
+        lines = [step(every * (i + 1), total, round(rng.uniform(0.1, 3), 4)) for i in range(logged)]
+        cases.append((lines + [summary(total), closing], (every * logged, lines[-1]["loss"])))
+    return cases
 
 
 @checker("09.3")
-def _stuck_and_missing(fn):
-    """A function {rank: py-spy frames} -> (waiting ranks, missing ranks), as two sets, on section 5's two
-    dumps and on made-up stacks of 2 to 8 ranks (:func:`hang_stacks`)."""
-    section5 = {
-        0: ["all_reduce (distributed_c10d.py:3252)", "wrapper (c10d_logger.py:83)", "sync_gradients (hang.py:23)",
-            "<module> (hang.py:30)"],
-        1: ["wait_for_input (hang.py:19)", "<module> (hang.py:34)"],
-    }  # fmt: skip
-    name = getattr(fn, "__name__", "your function")
-    for stacks in [section5, *(hang_stacks(seed) for seed in range(40))]:
-        waiting, missing = stuck_and_missing(stacks)
-        got, said = call(fn, copy.deepcopy(stacks), show=f"{name}({stacks})")
-        pair = items(got, said, 2, tuple, "a pair (waiting ranks, missing ranks) of sets")
-        got_waiting, got_missing = _rank_set(pair[0], said, "waiting"), _rank_set(pair[1], said, "missing")
-        if (got_waiting, got_missing) == (waiting, missing):
-            continue
-        by_position = {i for i, rank in enumerate(stacks) if rank in waiting}
-        first_only = {rank for rank, frames in stacks.items() if "(distributed_c10d.py:" in frames[0]}
-        all_reduce_only = {
-            r for r, frames in stacks.items() if any(f.startswith("all_reduce ") for f in frames)
-        }
-        if (got_waiting, got_missing) == (missing, waiting):
-            why = "the pair is swapped: the waiting ranks first, then the missing ones"
-        elif got_waiting == by_position:
-            why = "the dict's keys are the ranks (py-spy's dumps come in any order), not their positions"
-        elif got_waiting | got_missing != set(stacks) or got_waiting & got_missing:
-            why = "every rank is either waiting or missing, once"
-        elif got_waiting == first_only:
-            why = "look at every frame, not only the first: py-spy lists a background thread before the main one"
-        elif got_waiting == all_reduce_only:
-            why = "barrier, broadcast and the other collectives wait too: look for a frame in distributed_c10d.py"
-        else:
-            why = "a rank is waiting when one of its frames is in torch's distributed_c10d.py"
-        raise Wrong(f"{said} ({got_waiting}, {got_missing}); expected ({waiting}, {missing}): {why}.")
-    return True, "The ranks inside a collective are the victims; the missing ones are where to look."
+def _check_last_logged(fn):
+    """fn(path_to_logging_jsonl) -> (last step, its loss)."""
+    import random
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, (lines, want) in enumerate(_log_cases(random.Random(63))):
+            path = write_jsonl(Path(tmp) / f"run{case}" / "logging.jsonl", lines)
+            got, said = call(fn, str(path), show=f"last_logged on a log of {len(lines)} lines")
+            step, loss = items(got, said, 2, what="a tuple (step, loss)")
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise Wrong(f"{said} step {brief(step)}; the step is an int.")
+            loss = number(loss, f"{said} loss", "(the loss, a float)")
+            if (step, loss) == want:
+                continue
+            total = int(lines[0]["global_step/max_steps"].split("/")[1])
+            shown_lines = "\n".join(json.dumps(line) for line in lines)
+            if step == total != want[0]:
+                why = "that is max_steps, the planned total; the step is the number before the slash on the last loss line"
+            elif step == sum("loss" in line for line in lines) != want[0]:
+                why = (
+                    "that counts the loss lines; a run may log every k steps, so read the step from the line"
+                )
+            else:
+                why = "the summary line (train_runtime) and the closing line (log_history) are not steps, nor is eval_loss"
+            raise Wrong(f"for the log\n{shown_lines}\nthe answer is {want!r}, not {(step, loss)!r}: {why}.")
+    return True, "that is how the curves in this notebook are read."

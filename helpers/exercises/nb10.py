@@ -1,4 +1,4 @@
-"""Notebook 07's exercise checkers: merging a LoRA weight, reading swift infer's answers."""
+"""Notebook 10's exercise checkers: merging a LoRA weight, reading swift infer's answers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _lora_case(
     return weight, a, b, alpha, r
 
 
-@checker("07.1")
+@checker("10.1")
 def _check_merge_weight(fn):
     """fn(W, A, B, alpha, r) -> the merged weight W + (alpha / r) * B @ A."""
     import random
@@ -71,7 +71,7 @@ def _check_merge_weight(fn):
 
 
 def _infer_cases(rng) -> list[list[dict]]:
-    """swift infer result files for 07.2: one or several conversations, a system prompt, several turns."""
+    """swift infer result files for 10.2: one or several conversations, a system prompt, several turns."""
 
     def line(*turns, response, system=None):
         messages = [{"role": "system", "content": system}] if system else []
@@ -107,7 +107,7 @@ def _infer_cases(rng) -> list[list[dict]]:
     return files
 
 
-@checker("07.2")
+@checker("10.2")
 def _check_read_answers(fn):
     """fn(path) -> {question: answer} from a swift infer result file."""
     import random
