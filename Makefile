@@ -23,7 +23,7 @@ help:
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
 	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
-	@echo "make gpu-check  the gpu profile of 03, 06, 09-12 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands;"
+	@echo "make gpu-check  the gpu profile of 03-06, 09-12 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands;"
 	@echo "               SHAPE_ON_CPU=1 NPROC=1 runs the same in its gpu shape on the CPU)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
 	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"

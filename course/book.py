@@ -1,6 +1,6 @@
 """The course as a site (`make book`): the executed notebooks, English and Chinese, built with Sphinx and myst-nb.
 
-Each language is staged into build/book/src/<language>/ (the syllabus, the nine notebooks as committed,
+Each language is staged into build/book/src/<language>/ (the syllabus, the notebooks as committed,
 with their outputs, and the run report they recorded) and built with book/conf.py into
 build/book/html/<language>/; build/book/html/index.html sends a reader to one of the two.
 """

@@ -31,17 +31,21 @@ from helpers import paths
 CELL_TIMEOUT = {"cpu": 1200, "smoke": 600, "gpu": 7200}
 # Wall-time budgets in seconds per notebook number and profile; the report compares against them.
 BUDGETS = {
+    "00": {"cpu": 30, "smoke": 30},
     "01": {"cpu": 120, "smoke": 30},
     "02": {"cpu": 120, "smoke": 30},
-    "03": {"cpu": 180, "smoke": 45},
+    "03": {"cpu": 60, "smoke": 30},
+    "04": {"cpu": 120, "smoke": 45},
+    "05": {"cpu": 90, "smoke": 45},
     "06": {"cpu": 180, "smoke": 45},
+    "07": {"cpu": 150, "smoke": 45},  # the network lab: one launch per link rate
     "08": {"cpu": 60, "smoke": 60},
     "09": {"cpu": 300, "smoke": 60},  # the fine-tune: 5 minutes; 10-12 2 minutes each
     "10": {"cpu": 120, "smoke": 60},
     "11": {"cpu": 120, "smoke": 60},
     "12": {"cpu": 120, "smoke": 60},
 }
-COURSE_BUDGET = {"cpu": 15 * 60}  # all nine notebooks in `make run`, set-up excluded
+COURSE_BUDGET = {"cpu": 15 * 60}  # every notebook in `make run`, set-up excluded
 
 
 def course_notebooks(only=None) -> list[Path]:
@@ -526,12 +530,15 @@ def refresh(only=None) -> int:
     return status
 
 
-# `make gpu-check`: the gpu profile of 03, 06 and 09-12 on a tiny Qwen2 built on the spot (no download,
+# `make gpu-check`: the gpu profile of 03-06 and 09-12 on a tiny Qwen2 built on the spot (no download,
 # no network), a few steps each, on a machine with CUDA. MODEL is added where a notebook has it.
 GPU_CHECK = {
-    # 03: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03 and 06: the cpu
-    # profile's batches and widths, the sizes of their lessons when one GPU runs their ranks on the CPU
-    "03": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64, "LARGEST_MIB": 16, "LAB_RATES": [1500]},
+    # 04 and 05: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03-06: the
+    # cpu profile's batches and widths, the sizes of their lessons when one GPU runs their ranks on the CPU.
+    # 07 (the network lab) has no gpu path: its nodes talk over gloo on any machine.
+    "03": {"LARGEST_MIB": 16},
+    "04": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64},
+    "05": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64},
     "06": {"BATCH": 32, "HIDDEN": 512, "BENCH_STEPS": 8},
     # 09: the path, not the finding; the Web-UI has no gpu path (the notebooks stage starts it on smoke)
     "09": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1], "WEBUI": False},
@@ -790,7 +797,7 @@ def main(argv=None) -> int:
     run_p.add_argument("--no-progress", action="store_true")
     ref = sub.add_parser("refresh", help="re-execute notebooks and keep their outputs in notebooks/")
     ref.add_argument("--only", nargs="*")
-    gc = sub.add_parser("gpu-check", help="the gpu profile of 03, 06, 09-12 on a tiny Qwen2 (needs CUDA)")
+    gc = sub.add_parser("gpu-check", help="the gpu profile of 03-06, 09-12 on a tiny Qwen2 (needs CUDA)")
     gc.add_argument("--dry", action="store_true", help="print the commands (for 1 and 8 GPUs); needs no GPU")
     gc.add_argument("--nproc", default="", help="processes per launch; default: one per GPU (1 on the CPU)")
     gc.add_argument("--shape-on-cpu", action="store_true", help="the gpu shape on the CPU (gloo, no CUDA)")

@@ -30,9 +30,9 @@ One module per lesson concept, each explained in its notebook:
 - dataparallel  02: a threaded DataParallel that traces the nine steps of a step
 - dp_costs      02: what DataParallel costs the main device, step times against K, torch's own DataParallel
 - collective    03: collectives by hand (a ring all-reduce), algbw / busbw, the alpha-beta model of a link
-- bucketing     03: how DDP's Reducer packs gradients into buckets, read back from torch
-- comm_hooks    03, 06: overlap read from timed steps, drawn and summarised
-- netlab        03, 06: nodes as network namespaces on a rate-limited link, for torchrun across them
+- bucketing     04: how DDP's Reducer packs gradients into buckets, read back from torch
+- comm_hooks    04, 05, 06, 07: overlap read from timed steps, drawn and summarised
+- netlab        06, 07: nodes as network namespaces on a rate-limited link, for torchrun across them
 - training      06: toy data and model, the checks of a run's layout, all-reduce volume, scaling
 - sampling      06: DistributedSampler's shards, with and without set_epoch
 - checkpoints   06: atomic checkpoints, resumed bit for bit after a killed worker

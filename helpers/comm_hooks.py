@@ -1,4 +1,4 @@
-"""Communication overlapped with backward, measured: the timed steps of 03's inside_overlap.py as timelines, tables and sweeps."""
+"""Communication overlapped with backward, measured: the timed steps of 04's inside_overlap.py as timelines, tables and sweeps."""
 
 from __future__ import annotations
 

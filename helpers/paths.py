@@ -259,3 +259,18 @@ def read_jsonl(path) -> list[dict]:
 def write_jsonl(path, rows) -> Path:
     """Write rows as JSON lines, atomically (a temporary file renamed into place)."""
     return write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def script_from_lesson(folder, name: str, lesson: str) -> Path:
+    """Write ``name``, a script lesson ``lesson`` (e.g. ``"04"``) writes with ``%%writefile``, into ``folder``
+    from that notebook's own cell, so that a later lesson that builds on it also runs on its own."""
+    notebook = next(iter(sorted(NOTEBOOKS.glob(f"{lesson}_*.ipynb"))), None)
+    if notebook is None:
+        raise ValueError(f"there is no notebook {lesson} in {relative(NOTEBOOKS)}; name one of its lessons.")
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        first, _, body = "".join(cell["source"]).partition("\n")
+        if cell["cell_type"] == "code" and first.startswith("%%writefile") and first.endswith("/" + name):
+            path = Path(folder) / name
+            write_atomic(path, body if body.endswith("\n") else body + "\n")
+            return path
+    raise ValueError(f"{notebook.name} writes no script named {name}; name a script of its %%writefile cells.")

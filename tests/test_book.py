@@ -105,8 +105,8 @@ def test_every_page_renders_with_its_images_and_no_error(site, pages):
         if "/_" not in url and not url.endswith(("genindex.html", "search.html")):
             assert facts["h1"], f"{url} has no title"
     for edition in ("en", "zh-CN"):
-        lesson = html[lesson_url(site, edition, "03_ddp_mechanics")]
-        assert len(lesson["images"]) >= 5, "03's plots are in its page"
+        lesson = html[lesson_url(site, edition, "04_inside_ddp")]
+        assert len(lesson["images"]) >= 5, "04's plots are in its page"
 
 
 def test_every_internal_link_resolves(site, pages):

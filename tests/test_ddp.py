@@ -1,4 +1,4 @@
-"""Lesson 03's helpers: bucket packing, bandwidth maths, the simulated wire and timed hook of the
+"""Lessons 03-05's helpers: bucket packing, bandwidth maths, the simulated wire and timed hook of the
 notebook's inside_overlap.py, checkers, and (two gloo ranks) the hand-written ring all-reduce and DDP's
 own buckets."""
 

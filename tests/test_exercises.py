@@ -51,7 +51,7 @@ from helpers import (
     web,
     worker,
 )
-from helpers.exercises import check, checker, nb03
+from helpers.exercises import check, checker, nb04
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 N7B = parallelism.QWEN25_7B_PARAMETERS
@@ -533,11 +533,11 @@ EXERCISES = {
         ],
         returns,
     ),
-    "03.2": Exercise(
+    "04.1": Exercise(
         lambda sizes, cap: bucketing.expected_buckets(sizes, cap),
         [
-            (nb03._pack_strictly, "reaches its cap exactly is full"),
-            (nb03._pack_before_overflow, "holds at least the cap"),
+            (nb04._pack_strictly, "reaches its cap exactly is full"),
+            (nb04._pack_before_overflow, "holds at least the cap"),
             (lambda sizes, cap: bucketing.expected_buckets(sizes, cap)[:-1] or [[]], None),
             (lambda sizes, cap: [[i] for i in range(len(sizes))], "pack into"),
             (lambda sizes, cap: [list(range(len(sizes)))], "pack into"),
@@ -545,7 +545,7 @@ EXERCISES = {
         ],
         lambda v: returns([[v]]),
     ),
-    "03.3": Exercise(
+    "04.2": Exercise(
         lambda ready, wire: comm_hooks.link_finish_times(ready, wire)[-1],
         [
             (lambda ready, wire: ready[-1] + wire[-1], "still be busy"),
@@ -556,7 +556,7 @@ EXERCISES = {
         ],
         returns,
     ),
-    "03.4": Exercise(
+    "03.2": Exercise(
         in_two,
         [
             (lambda t: t * dist.get_world_size(), "rank 0 got"),
@@ -572,7 +572,7 @@ EXERCISES = {
         lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
         bad_values=(math.nan, math.inf, "1.5", None),
     ),
-    "03.5": Exercise(
+    "04.3": Exercise(
         average_hook,
         [
             (
@@ -588,7 +588,7 @@ EXERCISES = {
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
     ),
-    "03.6": Exercise(
+    "03.3": Exercise(
         ring_all_reduce,
         [
             (ring_by_gathering, "without dist.all_gather"),
@@ -600,10 +600,10 @@ EXERCISES = {
         lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
         bad_values=(math.nan, math.inf, "1.5", None),
     ),
-    "03.7": Exercise(
+    "05.1": Exercise(
         tiny(TinyDDP),
         [
-            (tiny(TinyDDP, rule=nb03._pack_before_overflow), "at least `cap` bytes"),
+            (tiny(TinyDDP, rule=nb04._pack_before_overflow), "at least `cap` bytes"),
             (tiny(AsSoonAsFull), "same order"),
             (tiny(SyncAtHook), "decides at forward"),
             (tiny(NoCallback), "differs from torch's DDP"),
@@ -717,7 +717,7 @@ EXERCISES = {
         lambda v: v,
         bad_values=(math.nan, "1.5", None, True),
     ),
-    "08.1": Exercise(
+    "00.1": Exercise(
         ("nccl", 4),
         [
             (("gloo", 4), "NCCL"),
@@ -729,13 +729,33 @@ EXERCISES = {
         ],
         lambda v: ("nccl", v),
     ),
-    "08.2": Exercise(
+    "00.2": Exercise(
         lambda n: n * (n + 1) / 2,
         [
             (lambda n: n * (n - 1) / 2, "each contributes rank + 1"),
             (lambda n: n, "your function gives"),
             (lambda n: n * (n + 1), "your function gives"),
             (lambda n: n * n / 2, "your function gives"),
+        ],
+        returns,
+    ),
+    "07.1": Exercise(
+        lambda nbytes, rate: nbytes * 8 / (rate * 1e6),
+        [
+            (lambda nbytes, rate: nbytes / (rate * 1e6), "8 bits"),
+            (lambda nbytes, rate: 2 * nbytes * 8 / (rate * 1e6), "sends the tensor twice"),
+            (lambda nbytes, rate: nbytes * 8 / (rate * 2**20), "not 2**20"),
+            (lambda nbytes, rate: nbytes * 8 / rate, "take at least"),
+        ],
+        returns,
+    ),
+    "08.1": Exercise(
+        lambda parameters, dtype: parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 1e9,
+        [
+            (lambda parameters, dtype: parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 2**30, "GiB"),
+            (lambda parameters, dtype: parameters * 4 / 1e9, "counts 4 bytes"),
+            (lambda parameters, dtype: parameters * 2 / 1e9, "take"),
+            (lambda parameters, dtype: parameters * {"float32": 32, "bfloat16": 16, "float16": 16, "int8": 8}[dtype] / 1e9, "take"),
         ],
         returns,
     ),
@@ -887,7 +907,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.4", "03.5", "03.6", "03.7", "06.4", "06.6", "06.7", "06.8"}
+ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "06.4", "06.6", "06.7", "06.8"}
 
 
 def verdict(capsys, exercise, answer):
@@ -969,7 +989,7 @@ def test_a_distributed_exercise_left_as_a_stub_is_not_answered_at_once_and_a_mis
     def forgot_return(tensor):
         in_two(tensor)
 
-    ok, out = verdict(capsys, "03.4", forgot_return)
+    ok, out = verdict(capsys, "03.2", forgot_return)
     assert not ok and "returned None" in out and "not answered yet" not in out, out
 
 

@@ -71,9 +71,9 @@ def test_the_run_executed_the_text_dry_prints(shape):
 
 
 def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
-    """One GPU holds one nccl rank: there 03 and 06 run 2 ranks on the CPU over gloo; with more GPUs, one
+    """One GPU holds one nccl rank: there 03-06 run 2 ranks on the CPU over gloo; with more GPUs, one
     rank per GPU. 06's ranks are two whatever NPROC was (it needs an even number)."""
-    for number in ("03", "06"):
+    for number in ("03", "04", "05", "06"):
         ranks = metrics(shape, number)["lesson_ranks"]
         if shape["nproc"] == 1:
             assert ranks == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number

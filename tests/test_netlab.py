@@ -1,5 +1,5 @@
 """The network lab: nodes that really talk over a rate-limited card, nothing left behind (on success,
-Ctrl-C or a killed owner), one sentence where it cannot run, and 03/06 taking the fallback path."""
+Ctrl-C or a killed owner), one sentence where it cannot run, and 07/06 taking the fallback path."""
 
 import signal
 import subprocess
@@ -138,14 +138,14 @@ def cells_of(notebook: str, wanted) -> nbformat.NotebookNode:
     "notebook, cells, words",
     [
         (
-            "03_ddp_mechanics.ipynb",
+            "07_two_nodes.ipynb",
             "c02 c03 c49e c49f c49g c49h c49i c49j c49k c49l c49m c49n",
-            "Sections 8-10's simulated wire",
+            "The simulated wire of notebooks 04 and 05",
         ),
         ("06_ddp_in_practice.ipynb", "c02 c03 c04a c05 c08c c09 c11 c12 c25 c26", "meet on 127.0.0.1"),
     ],
 )
-def test_without_the_lab_03_and_06_say_why_and_take_the_fallback(
+def test_without_the_lab_07_and_06_say_why_and_take_the_fallback(
     notebook, cells, words, tmp_path, monkeypatch
 ):
     monkeypatch.setenv(netlab.OFF_ENV, "off")

@@ -44,7 +44,7 @@ FIRST = NOTEBOOKS[0] if NOTEBOOKS else None
 BAD += [
     (nb, {"NPROC": 0}, ["NPROC = 0", "at least 1"])
     for nb in NOTEBOOKS
-    if "NPROC" in parameters_of(nb) and nb.name.startswith("08")
+    if "NPROC" in parameters_of(nb) and nb.name.startswith("00")
 ]
 BAD += [
     (nb, {"DATASETS": "hub"}, ["DATASETS = 'hub'", "only the gpu profile", "'course'"])

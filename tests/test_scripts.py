@@ -53,7 +53,7 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "sharded_train.py": (2, ["--steps", "2", "--hidden", "16", "--layers", "2", "--batch", "8"]),
 }  # fmt: skip
 TEACHES = {"sharded_train.py": {"deepspeed"}}  # the library a script's lesson is about, beside torch
-LESSON_SCRIPTS = ("01", "02", "03", "06")  # every script these notebooks write is one to take away...
+LESSON_SCRIPTS = ("01", "02", "03", "04", "05", "06", "07")  # every script these notebooks write is one to take away...
 SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 06.8, which the learner finishes
 
 
@@ -126,3 +126,14 @@ def test_a_script_takes_along_the_scripts_it_imports_and_nothing_else():
                                          ("construction", "buckets", "optimizers", "overlap", "collectives")}  # fmt: skip
     assert siblings("lab_overlap.py") == {"inside_overlap.py"}
     assert siblings("inside_overlap.py") == set()
+
+
+def test_a_later_lesson_writes_a_script_from_the_lesson_that_teaches_it(tmp_path):
+    """07's lab imports 04's timing model: it writes 04's script from 04's own cell, so 07 also runs alone."""
+    written = paths.script_from_lesson(tmp_path, "inside_overlap.py", "04")
+    assert written == tmp_path / "inside_overlap.py"
+    assert written.read_text().rstrip("\n") == SCRIPTS["inside_overlap.py"].rstrip("\n")
+    with pytest.raises(ValueError, match="writes no script named nothing.py"):
+        paths.script_from_lesson(tmp_path, "nothing.py", "04")
+    with pytest.raises(ValueError, match="there is no notebook 99"):
+        paths.script_from_lesson(tmp_path, "inside_overlap.py", "99")

@@ -1,35 +1,23 @@
-"""Notebook 08's exercise checkers: the gpu profile on four GPUs, an all-reduce's sum."""
+"""Notebook 08's exercise checker: how many gigabytes a model's weights take in a given dtype."""
 
 from __future__ import annotations
 
-from helpers.exercises import Wrong, call, checker, close, integer, items, number
+from helpers.exercises import Wrong, call, checker, close, number
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}
 
 
 @checker("08.1")
-def _gpu_profile_on_four_gpus(answer):
-    """Which backend and how many processes does the gpu profile use on a 4-GPU machine?"""
-    backend, nproc = items(answer, "your answer is", 2, what='a tuple (backend, processes), e.g. ("gloo", 2)')
-    if not isinstance(backend, str):
-        return False, f'the backend is a name such as "gloo", not {backend!r}.'
-    nproc = integer(nproc, "the number of processes is", "processes")
-    if backend.strip().lower() != "nccl":
-        return False, f"{backend!r}: GPUs talk through NCCL; gloo is the CPU backend."
-    if nproc != 4:
-        return False, f"{nproc!r} processes: the gpu profile starts one process per visible GPU."
-    return True, "One process per GPU, talking NCCL: the DDP layout SWIFT uses with NPROC_PER_NODE=4."
-
-
-@checker("08.2")
-def _all_reduce_sum(expected_sum):
-    """A function n -> the value every rank holds after all-reducing (rank + 1) over n ranks."""
-    for n in list(range(1, 65)) + [100, 1000, 4096]:
-        want = n * (n + 1) / 2
-        got = number(*call(expected_sum, n), "(the value each rank holds, a sum of rank + 1)")
-        if close(got, want, rel=1e-12):
+def _weights_gb(weights_gb):
+    """A function (parameters, dtype) -> gigabytes (10**9 bytes) of the weights alone."""
+    for parameters, dtype in ((7.6e9, "bfloat16"), (135e6, "float32"), (0.5e9, "float16"), (7.6e9, "int8"), (1e9, "float32")):
+        want = parameters * BYTES[dtype] / 1e9
+        got = number(*call(weights_gb, parameters, dtype), "(gigabytes)")
+        if close(got, want, rel=1e-9):
             continue
-        if close(got, n * (n - 1) / 2, rel=1e-12):
-            raise Wrong(
-                f"for {n} ranks every rank holds {want:g}, not {got!r}: that sums the ranks, but each contributes rank + 1."
-            )
-        raise Wrong(f"for {n} ranks every rank holds {want:g}, your function gives {got!r}.")
-    return True, "All-reduce leaves the same sum, 1 + 2 + ... + n = n(n+1)/2, on every rank."
+        if close(got, parameters * BYTES[dtype] / 2**30, rel=1e-9):
+            raise Wrong(f"{parameters:g} parameters in {dtype}: {got!r} counts GiB (2**30 bytes); a GB is 10**9 bytes.")
+        if close(got, parameters * 4 / 1e9, rel=1e-9):
+            raise Wrong(f"{parameters:g} parameters in {dtype}: {got!r} GB counts 4 bytes each; {dtype} takes {BYTES[dtype]}.")
+        raise Wrong(f"{parameters:g} parameters in {dtype} take {want:g} GB; your function gives {got!r}.")
+    return True, "parameters × bytes per parameter: why the 7B model takes about 15 GB in bfloat16."
