@@ -538,7 +538,7 @@ GPU_CHECK = {
     # 07 (the network lab) has no gpu path: its nodes talk over gloo on any machine.
     "03": {"LARGEST_MIB": 16},
     "04": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64},
-    "05": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64},
+    "05": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64, "BENCH_STEPS": 8},
     "06": {"BATCH": 32, "HIDDEN": 512, "BENCH_STEPS": 8},
     # 09: the path, not the finding; the Web-UI has no gpu path (the notebooks stage starts it on smoke)
     "09": {"DATASETS": "course", "STEPS": 4, "ABLATION_STEPS": 1, "SEEDS": [1], "WEBUI": False},

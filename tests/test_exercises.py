@@ -416,7 +416,7 @@ def ckpt(layers, layer_mb, input_mb, checkpointed):
 
 
 class Script(os.PathLike):
-    """A learner's script for 06.8, given as its text: written under the test's build folder when the checker
+    """A learner's script for 06.7, given as its text: written under the test's build folder when the checker
     opens it."""
 
     def __init__(self, text: str):
@@ -430,8 +430,8 @@ class Script(os.PathLike):
         return str(path)
 
 
-def _solution_06_8() -> str:
-    """The script of 06.8's solution cell, as the notebook holds it."""
+def _solution_06_7() -> str:
+    """The script of 06.7's solution cell, as the notebook holds it."""
     import ast
 
     import nbformat
@@ -441,12 +441,12 @@ def _solution_06_8() -> str:
     return ast.literal_eval(assign.value)
 
 
-SCRIPT_06_8 = _solution_06_8()
+SCRIPT_06_7 = _solution_06_7()
 
 
 def ddp_script(**change) -> Script:
-    """06.8's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
-    text = SCRIPT_06_8
+    """06.7's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
+    text = SCRIPT_06_7
     for old, new in change.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -674,7 +674,7 @@ EXERCISES = {
         ],
         lambda v: returns([[v]]),
     ),
-    "06.6": Exercise(
+    "05.2": Exercise(
         fp16_hook,
         [
             (lambda s, b: fp16_hook(s, b, divide="never"), "twice torch's"),
@@ -690,7 +690,7 @@ EXERCISES = {
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
     ),
-    "06.7": Exercise(
+    "06.6": Exercise(
         checkpoint,
         [
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, opt=False), "Adam's moments"),
@@ -702,8 +702,8 @@ EXERCISES = {
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
     ),
-    "06.8": Exercise(
-        Script(SCRIPT_06_8),
+    "06.7": Exercise(
+        Script(SCRIPT_06_7),
         [
             (ddp_script(**{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}),
              "give the DataLoader a DistributedSampler"),
@@ -907,7 +907,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "06.4", "06.6", "06.7", "06.8"}
+ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "06.4", "05.2", "06.6", "06.7"}
 
 
 def verdict(capsys, exercise, answer):

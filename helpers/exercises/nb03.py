@@ -6,16 +6,7 @@ import random
 
 from helpers.bucketing import MiB
 from helpers.errors import CourseError
-from helpers.exercises import (
-    NotAnswered,
-    Wrong,
-    brief,
-    call,
-    checker,
-    close,
-    number,
-    on_ranks,
-)
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, number, on_ranks
 
 
 def _forbidden(name: str, instead: str):

@@ -8,17 +8,7 @@ import random
 from helpers.bucketing import ANATOMY_WIDTHS, MiB, expected_buckets
 from helpers.comm_hooks import link_finish_times, make_batch
 from helpers.errors import CourseError
-from helpers.exercises import (
-    NotAnswered,
-    Wrong,
-    brief,
-    call,
-    checker,
-    close,
-    items,
-    number,
-    on_ranks,
-)
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, items, number, on_ranks
 from helpers.toys import mlp
 
 

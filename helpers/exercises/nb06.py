@@ -1,4 +1,4 @@
-"""Notebook 06's exercise checkers: shards, all-reduce volume, resuming, accumulation, epochs, fp16 hook, checkpoint."""
+"""Notebook 06's exercise checkers: shards, all-reduce volume, resuming, accumulation, epochs, checkpoint."""
 
 from __future__ import annotations
 
@@ -196,150 +196,7 @@ def _epoch_orders(fn):
     )
 
 
-def _flat_grads(net):
-    import torch
-
-    return torch.cat([p.grad.detach().flatten() for p in net.parameters()])
-
-
 @checker("06.6")
-def _fp16_hook(fn):
-    """A DDP comm hook (state, bucket) -> Future: float16 compression, bit for bit as torch's
-    ``default_hooks.fp16_compress_hook``, on an ordinary step and on one whose gradients come near 65504."""
-    import torch
-    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    returned = {"none": False, "dtypes": set()}
-
-    def yours(state, bucket):
-        """The learner's hook, watched: a None is passed on unchanged, the Future's dtype is noted."""
-        future = fn(state, bucket)
-        if future is None:
-            returned["none"] = True
-            future = torch.futures.Future()
-            future.set_result(bucket.buffer())
-            return future
-        if not isinstance(future, (torch.futures.Future, torch._C.Future)):
-            raise Wrong(
-                f"fp16_hook returned {brief(future)}; DDP needs a torch.futures.Future of the bucket."
-            )
-
-        def note(done):
-            value = done.value()
-            returned["dtypes"].add((str(value.dtype), str(bucket.buffer().dtype)))
-            return value
-
-        return future.then(note)
-
-    def bf16(state, bucket):
-        """torch's bf16_compress_hook, under another name: DDP refuses that name without CUDA and NCCL."""
-        return default_hooks.bf16_compress_hook(state, bucket)
-
-    hooks = {
-        "torch": default_hooks.fp16_compress_hook,
-        "plain": default_hooks.allreduce_hook,
-        "bf16": bf16,
-        "yours": yours,
-    }
-
-    def rank_part(rank, world):
-        out = {}
-        for case in ("ordinary", "scaled"):
-            # ordinary: each rank its own batch; scaled: one batch on both ranks, loss x (60000 / largest gradient)
-            g = torch.Generator().manual_seed(rank if case == "ordinary" else 99)
-            x, y = torch.randn(16, FEATURES, generator=g), torch.randint(0, CLASSES, (16,), generator=g)
-            scale = 1.0
-            if case == "scaled":
-                probe = toy_model(hidden=32)
-                F.cross_entropy(probe(x), y).backward()
-                scale = 60_000 / max(float(p.grad.abs().max()) for p in probe.parameters())
-            for name, hook in hooks.items():
-                net = DDP(toy_model(hidden=32))
-                net.register_comm_hook(None, hook)
-                (F.cross_entropy(net(x), y) * scale).backward()
-                out[case, name] = _flat_grads(net).tolist()  # numbers, not tensors: a tensor is passed
-        if returned["none"]:  # through shared memory, which this rank takes with it when it exits
-            raise NotAnswered("fp16_hook returned None (is a `return` missing?); DDP needs a Future.")
-        return {"grads": out, "dtypes": sorted(returned["dtypes"])}
-
-    try:
-        results = exercises.on_ranks(rank_part, 2, timeout=30)
-    except CourseError as error:
-        return False, str(error)
-    for r in results:
-        r["grads"] = {key: torch.tensor(values, dtype=torch.float32) for key, values in r["grads"].items()}
-    grads = results[0]["grads"]
-    torch_ = grads["ordinary", "torch"]
-    differ_from_plain = int((torch_ != grads["ordinary", "plain"]).sum())
-    if differ_from_plain == 0 or not all(
-        bool(torch.isfinite(grads["scaled", k]).all()) for k in ("torch", "plain")
-    ):
-        raise CourseError("the check's own step does not show float16 rounding, or overflows in torch's hook")
-    dtypes = {d for r in results for d in r["dtypes"]}
-    wrong_dtype = sorted(value for value, bucket in dtypes if value != bucket)
-    if wrong_dtype:
-        return False, (
-            f"your Future holds a {wrong_dtype[0]} tensor, not one in the bucket's dtype (torch.float32). DDP "
-            "happens to cast it while copying into .grad, but a hook's result is the bucket's new value: copy it "
-            "back, as torch's decompress does with bucket.buffer().copy_(...)."
-        )
-
-    def yours_equal(other: str) -> bool:  # on both steps, every rank
-        return all(
-            torch.equal(r["grads"][c, "yours"], r["grads"][c, other])
-            for r in results
-            for c in ("ordinary", "scaled")
-        )
-
-    if yours_equal("torch"):
-        return True, (
-            f"Bit for bit torch's fp16_compress_hook, half the bytes on the wire; {differ_from_plain} of "
-            f"{torch_.numel()} gradient entries differ from the uncompressed all-reduce's (float16 keeps 11 "
-            "significant bits), and dividing first kept the sum of two ~60000 gradients below 65504."
-        )
-    mine = grads["ordinary", "yours"]
-    if yours_equal("plain"):
-        return False, (
-            "these are the gradients of the plain float32 all-reduce: nothing was compressed. Cast the bucket to "
-            "torch.float16 and all-reduce that copy, so that half the bytes travel."
-        )
-    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, 2 * torch_, rtol=1e-2, atol=1e-6):
-        return False, (
-            "your gradients are twice torch's: the all-reduce sums, so the hook must divide by "
-            "dist.get_world_size() to average (DDP does not divide when a hook is registered)."
-        )
-    if yours_equal("bf16"):
-        return False, (
-            "these are bf16_compress_hook's gradients: torch.bfloat16 keeps 8 significant bits, torch.float16 "
-            "11 (and a smaller range). Cast to torch.float16."
-        )
-    scaled = grads["scaled", "yours"]
-    if not bool(torch.isfinite(scaled).all()):
-        return False, (
-            f"with the loss scaled so that each rank's largest gradient is about 60000, {int((~torch.isfinite(scaled)).sum())} "
-            "gradient entries came back as inf or NaN: the float16 sum of two ranks passes 65504, float16's "
-            "largest number. Divide by the world size before the all-reduce, as torch's hook does."
-        )
-    gap = max(
-        float((r["grads"][c, "yours"] - r["grads"][c, "torch"]).abs().max())
-        for r in results
-        for c in ("ordinary", "scaled")
-    )
-    count = max(
-        int((r["grads"][c, "yours"] != r["grads"][c, "torch"]).sum())
-        for r in results
-        for c in ("ordinary", "scaled")
-    )
-    return False, (
-        f"{count} gradient entries differ from fp16_compress_hook's, by up to {gap:.3g}. Do it in torch's order: "
-        "cast the bucket to float16, divide that copy by the world size, all-reduce it asynchronously, and "
-        "copy the result back into bucket.buffer() in a .then() callback."
-    )
-
-
-@checker("06.7")
 def _checkpoint(fn):
     """A function (path, model, optimizer, step=None): with a step, save (rank 0 writes, every rank returns once
     the file is complete); without, load into the bare model and optimizer and return the step saved.
@@ -478,4 +335,4 @@ def _resumed_gap(model, optimizer, batches, straight, train) -> float:
     )
 
 
-from helpers.exercises import nb06_script  # noqa: E402, F401 - registers 06.8, the script written from scratch
+from helpers.exercises import nb06_script  # noqa: E402, F401 - registers 06.7, the script written from scratch
