@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from pathlib import Path
 
 from helpers import launching, paths
 from helpers.errors import CourseError
@@ -109,23 +108,3 @@ def swift_shell(text: str, show: bool = True, **options) -> LaunchResult:
     )
     return launching.run(launch, show=show)[0]
 
-
-def swift_launch_env() -> list[str]:
-    """The environment variables the installed ms-swift CLI turns into torchrun flags (read from its source).
-
-    ``swift.cli.main.get_torchrun_args`` passes each of them on as ``--<name in lower case>``; the
-    source is read rather than imported, because importing swift takes seconds.
-    """
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("swift")
-    if spec is None or not spec.submodule_search_locations:
-        raise CourseError("ms-swift is not installed; run `make setup`.")
-    source = (Path(next(iter(spec.submodule_search_locations))) / "cli" / "main.py").read_text()
-    found = re.search(r"for env_key in \[([^\]]*)\]", source)
-    if not found:
-        raise CourseError(
-            "this ms-swift version no longer lists its torchrun variables in swift/cli/main.py."
-        )
-    return re.findall(r"'([A-Z_]+)'", found.group(1))

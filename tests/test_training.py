@@ -7,11 +7,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import checkpoints, compare, paths, sampling, swiftcli, training
+from helpers import checkpoints, compare, paths, sampling, training
 from helpers.errors import CourseError
 from helpers.parallelism import count_parameters
 
@@ -206,7 +207,17 @@ def test_comparisons_and_throughput():
 
 
 def test_swift_reads_the_five_launch_variables():
-    assert set(swiftcli.swift_launch_env()) == {
+    """06 says SWIFT's CLI turns these five variables into torchrun flags: read the installed source."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("swift")
+    assert spec is not None and spec.submodule_search_locations, "ms-swift is not installed"
+    source = (Path(next(iter(spec.submodule_search_locations))) / "cli" / "main.py").read_text()
+    found = re.search(r"def get_torchrun_args.*?for env_key in \[([^\]]*)\]", source, flags=re.S)
+    assert found, "swift/cli/main.py no longer lists its torchrun variables in get_torchrun_args"
+    assert "torchrun_args += [f'--{env_key.lower()}', env_val]" in source
+    assert set(re.findall(r"'([A-Z_]+)'", found.group(1))) == {
         "NNODES",
         "NODE_RANK",
         "MASTER_ADDR",
