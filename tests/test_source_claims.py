@@ -40,3 +40,35 @@ def test_swift_gives_each_rank_every_local_world_size_th_gpu_under_ddp_and_devic
     from helpers import devicemap
 
     assert devicemap.SWIFT_GROUP_RULE in inspect.getsource(patcher)
+
+
+def test_ddp_bucket_capacity_first_iteration_rebuild_and_shape_check_as_04_says():
+    """04, section 3: the 25 MiB default with a 1 MiB first bucket, one bucket in iteration 1, the rebuild
+    before the second forward, and the same-parameters check before rank 0's broadcast."""
+    from torch.nn.parallel import distributed as ddp_module
+
+    assert ddp_module._DEFAULT_BUCKET_CAP_MB == 25
+    assert torch.distributed._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    assert "dist._DEFAULT_FIRST_BUCKET_BYTES if is_using_default" in source(ddp_module._BucketCapacityConfig)
+    assert "[sys.maxsize]" in source(ddp_module._BucketCapacityConfig.compute_bucket_size_limits)
+    assert "self.reducer._rebuild_buckets()" in source(ddp_module.DistributedDataParallel._pre_forward)
+    init = source(ddp_module.DistributedDataParallel.__init__)
+    assert init.index("_verify_param_shape_across_processes(") < init.index("_sync_module_states(")
+    assert "doesn't work with :func:`torch.autograd.grad`" in ddp_module.DistributedDataParallel.__doc__
+
+
+def test_ddp_buffer_broadcast_follows_the_previous_forward_and_forward_sync_buffers_keeps_the_init_sync():
+    """04, section 4: buffers are broadcast at a forward only after a forward with gradients outside no_sync,
+    and forward_sync_buffers=False still broadcasts them at construction."""
+    from torch.nn.parallel import distributed as ddp_module
+
+    DDP = ddp_module.DistributedDataParallel
+    post = source(DDP._post_forward)
+    assert "if torch.is_grad_enabled() and self.require_backward_grad_sync:" in post
+    assert "self.require_forward_param_sync = False" in post
+    will = source(DDP.will_sync_module_buffers)
+    assert "self.require_forward_param_sync" in will and "self.forward_sync_buffers" in will
+    assert "self.will_sync_module_buffers()" in source(DDP._check_sync_bufs_pre_fwd)
+    init = source(DDP.__init__)
+    assert "`forward_sync_buffers=False` still syncs buffers at" in init
+    assert "broadcast_buffers=init_sync_buffers" in init
