@@ -137,3 +137,33 @@ def test_a_later_lesson_writes_a_script_from_the_lesson_that_teaches_it(tmp_path
         paths.script_from_lesson(tmp_path, "nothing.py", "04")
     with pytest.raises(ValueError, match="there is no notebook 99"):
         paths.script_from_lesson(tmp_path, "inside_overlap.py", "99")
+
+
+def test_tiny_ddps_own_bucket_rule_packs_as_torch_does():
+    """05's TinyDDP script packs its buckets with its own `bucket_assignment`: the same buckets as torch's
+    `dist._compute_bucket_assignment_by_size` on the issue's sizes, mixed dtypes, a first cap and random mixes."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+
+    tree = ast.parse(SCRIPTS["tiny_ddp.py"])  # the script trains at module level: take the one function alone
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "bucket_assignment")
+    space = {}
+    exec(compile(ast.Module([node], type_ignores=[]), "tiny_ddp.py", "exec"), space)
+    rule = space["bucket_assignment"]
+    f32, f64, f16 = torch.float32, torch.float64, torch.float16
+    cases = [
+        ([40, 120, 20, 200, 4, 400], [f32] * 6, 100, 100),  # 3 buckets, not the 6 of "close before overflow"
+        ([40, 120, 20, 200, 4, 400], [f32] * 6, 100, 1000),
+        ([400, 4, 4, 4, 4], [f32] * 5, 100, 8),
+        ([40, 80, 80, 40, 12, 8, 16], [f32, f64, f32, f64, f32, f16, f64], 60, 10),
+    ]
+    rng = random.Random(7)
+    for _ in range(30):
+        dtypes = [rng.choice([f32, f64, f16]) for _ in range(rng.randint(1, 12))]
+        cases.append(([rng.choice([2, 6, 100, 1400, 8000]) * t.itemsize for t in dtypes], dtypes, 4000, rng.choice([400, 4000])))
+    for sizes, dtypes, cap, first_cap in cases:
+        tensors = [torch.empty(size // t.itemsize, dtype=t) for size, t in zip(sizes, dtypes, strict=True)]
+        torchs = dist._compute_bucket_assignment_by_size(tensors, [first_cap, cap])[0]
+        assert rule(tensors, cap, first_cap) == torchs, (sizes, dtypes, cap, first_cap)

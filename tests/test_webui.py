@@ -1,6 +1,6 @@
-"""SWIFT's Web-UI: notebook 09 maps its fields to flags and reads its training page from the app's own Gradio
-config (web.training_page). Starting it, checking that page and stopping it cleanly are checked by 09 itself
-(section 8), which the notebooks stage runs."""
+"""SWIFT's Web-UI: notebook 09 starts it for the learner, maps its fields to flags and reads its training page
+from the app's own Gradio config (web.training_page). Here: the real `swift web-ui` starts, serves SWIFT's
+training page, and stops leaving none of its processes; the field table and the page reader on their own."""
 
 import http.server
 import os
@@ -115,3 +115,19 @@ def test_training_page_says_when_nothing_serves_a_gradio_config():
         server.server_close()
     with pytest.raises(CourseError, match=r"gave no Gradio config .*is the Web-UI running\?"):
         web.training_page(f"http://127.0.0.1:{launching.free_port()}", timeout=2)
+
+
+def test_swift_web_ui_serves_swifts_training_page_and_stops_leaving_no_process():
+    """09, section 8: the Web-UI the lesson starts answers HTTP 200 with SWIFT's training page, whose Model
+    field holds the hub's Qwen2.5-7B-Instruct (as 09's text says), and stop() leaves none of its processes."""
+    webui = web.WebUI().start()
+    try:
+        status, _ = webui.wait(timeout=240)
+        page = web.training_page(webui.url)
+    finally:
+        left = webui.stop()
+    assert status == 200 and left == 0
+    assert web.http_status(webui.url, timeout=2) is None
+    fields = page["fields"]
+    assert page["tab"] == "LLM PT/SFT" and "--tuner_type" in fields["tuner_type"]["label"]
+    assert fields["model"]["value"] == "Qwen/Qwen2.5-7B-Instruct"
