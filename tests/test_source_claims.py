@@ -72,3 +72,21 @@ def test_ddp_buffer_broadcast_follows_the_previous_forward_and_forward_sync_buff
     init = source(DDP.__init__)
     assert "`forward_sync_buffers=False` still syncs buffers at" in init
     assert "broadcast_buffers=init_sync_buffers" in init
+
+
+def test_swift_turns_five_launch_variables_into_torchrun_flags():
+    """06, section 7: SWIFT's CLI passes each of these variables, when set, to torchrun as --<name in lower case>."""
+    import re
+
+    from swift.cli import main
+
+    launch = source(main.get_torchrun_args)
+    assert "torchrun_args += [f'--{env_key.lower()}', env_val]" in launch
+    found = re.search(r"for env_key in \[([^\]]*)\]", launch)
+    assert found and set(re.findall(r"'([A-Z_]+)'", found.group(1))) == {
+        "NNODES",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NPROC_PER_NODE",
+    }
