@@ -335,7 +335,9 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
                 ) from None
             found[rank] = (ok, value)
             if ok is not True:  # the peers of a failed rank fail too, a moment later: hear them out
-                deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
+                # a rank that only lost its peer says nothing of the cause: wait longer for the rank that has it
+                grace = PEER_GONE_GRACE_S if lost_its_peer(ok, value) else PEER_GRACE_S
+                deadline = min(deadline, time.monotonic() + grace)
     finally:
         for process in ranks:
             if process.is_alive():
@@ -353,7 +355,13 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
 
 
 PEER_GRACE_S = 3.0
+PEER_GONE_GRACE_S = 15.0  # on a busy machine the failing rank's own report can come seconds after its peer's
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "connectFullMesh")
+
+
+def lost_its_peer(ok, value) -> bool:
+    """A rank's error that only says another rank went away (gloo's "Connection closed by peer")."""
+    return ok is False and any(s in value for s in PEER_GONE)
 
 
 def first_cause(failures: dict):
@@ -362,7 +370,7 @@ def first_cause(failures: dict):
 
     def rank_order(item):
         rank, (ok, value) = item
-        kind = 0 if ok is None else 1 if ok == "wrong" else 3 if any(s in value for s in PEER_GONE) else 2
+        kind = 0 if ok is None else 1 if ok == "wrong" else 3 if lost_its_peer(ok, value) else 2
         return kind, rank
 
     return min(failures.items(), key=rank_order, default=None)
