@@ -44,8 +44,6 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "inside_optimizers.py": (2, ["--steps", "3"]),
     "inside_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
                               "--sweep-caps", "0.01", "1"]),
-    "inside_ddp.py": (2, ["--caps", "0.1", "1", "--steps", "3", "--width", "32", "--depth", "2", "--batch", "4",
-                          "--iters", "1", "--timeline-mb", "0.01", "--sweep-caps", "0.01", "1"]),
     "lab_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
                            "--sizes", "4096", "65536", "--repeats", "2", "--sweep-caps", "0.01", "1"]),
     "hello_dist.py": (2, []),
@@ -122,8 +120,6 @@ def test_a_take_away_script_runs_under_plain_torchrun(name, tmp_path):
 
 
 def test_a_script_takes_along_the_scripts_it_imports_and_nothing_else():
-    assert siblings("inside_ddp.py") == {f"inside_{part}.py" for part in
-                                         ("construction", "buckets", "optimizers", "overlap", "collectives")}  # fmt: skip
     assert siblings("lab_overlap.py") == {"inside_overlap.py"}
     assert siblings("inside_overlap.py") == set()
 
