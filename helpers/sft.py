@@ -270,22 +270,35 @@ def seed_recipe(
     return plan, note
 
 
-def sft_process(plan: SftPlan, script, timeout: float = 3600, env=None) -> dict:
-    """``sft_main(SftArguments(**plan.kwargs()))`` in a process of its own: ``script`` (notebook 09 writes
-    it) reads the keywords from a JSON file and writes what sft_main returned. When the process ends the GPU
-    has every byte of the run back, which a run inside the kernel, freed by garbage collection, does not
-    promise (SWIFT documents a 22 GB peak for a 7B LoRA). Returns the script's result."""
+def sft_process(arguments: dict, script, gpus: int = 0, timeout: float = 3600, env=None) -> dict:
+    """``sft_main(SftArguments(**arguments))`` in a process of its own, on the first ``gpus`` of this
+    process's GPUs: ``script`` (notebook 09 writes it) reads the keywords from a JSON file and writes what
+    sft_main returned. When the process ends the GPU has every byte of the run back, which a run inside the
+    kernel, freed by garbage collection, does not promise (SWIFT documents a 22 GB peak for a 7B LoRA).
+    Returns the script's result."""
     import sys
 
     folder = paths.run_dir("sft-from-python", f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}")
     kwargs_file, result_file = folder / "kwargs.json", folder / "result.json"
-    kwargs_file.write_text(json.dumps(plan.kwargs(), ensure_ascii=False, indent=1))
+    kwargs_file.write_text(json.dumps(arguments, ensure_ascii=False, indent=1, default=str))
     launch = launching.Launch(
-        [sys.executable, script, kwargs_file, result_file], env={**plan.env(), **(env or {})},
-        label=f"sft_main {Path(plan.output_dir).parent.name}", timeout=timeout,
+        [sys.executable, script, kwargs_file, result_file], env={**(launching.gpu_env(gpus) if gpus else {}), **(env or {})},
+        label=f"sft_main {Path(arguments['output_dir']).parent.name}", timeout=timeout,
     )  # fmt: skip
     launching.run(launch, show=False)
     return json.loads(result_file.read_text())
+
+
+def model_arguments(info: models.ModelInfo) -> dict:
+    """SftArguments' fields that point at ``info`` (``model``, ``model_type``, ``template``, and a local
+    folder's ``check_model`` / ``external_plugins``): the keyword form of ``info.swift_args()``."""
+    return _parse_flags(info.swift_args())
+
+
+def flags(command: str) -> dict:
+    """The options of a typed ``swift`` command, by name (``"--lora_rank 8"`` -> ``{"lora_rank": "8"}``;
+    true/false as booleans)."""
+    return _parse_flags(swiftcli.parse_swift_text(command)[2])
 
 
 def shell_command(plan: SftPlan, subcommand: str = "sft", env=None) -> str:

@@ -34,11 +34,36 @@ GRADIO_GAVE_UP = "When localhost is not accessible"  # what Gradio raises when i
 class WebUI:
     """``swift web-ui`` on localhost in the background: ``start()``, ``wait()`` for HTTP 200, ``stop()``."""
 
-    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1", proxied: bool = False):
+    def __init__(self, port: int | None = None, lang: str = "en", host: str = "127.0.0.1", proxied: bool = False,
+                 extra=()):  # fmt: skip
         self.host, self.port, self.lang = host, port or launching.free_port(), lang
         self.proxied = proxied  # served through a hosted notebook's port proxy: Gradio's links carry its path
+        self.extra = [str(a) for a in extra]  # any other flag of `swift web-ui`, passed on as written
         self.launch = None
         self.pids: set[int] = set()
+
+    @classmethod
+    def typed(cls, command: str, proxied: bool = False) -> WebUI:
+        """The Web-UI a typed ``swift web-ui --lang en --server_name 127.0.0.1 --server_port 7860`` starts:
+        those three flags as given (SWIFT's defaults where left out: zh, 127.0.0.1, 7860, as in
+        ``swift/arguments/webui_args.py``), every other flag passed on."""
+        from helpers import swiftcli
+
+        _, subcommand, args = swiftcli.parse_swift_text(command)
+        if subcommand != "web-ui":
+            raise CourseError(
+                f"{command.splitlines()[0]!r} is not a swift web-ui command; write it as "
+                "'swift web-ui --lang en --server_name 127.0.0.1 --server_port 7860'."
+            )
+        known, extra, i = {"--lang": "zh", "--server_name": "127.0.0.1", "--server_port": "7860"}, [], 0
+        while i < len(args):
+            if args[i] in known and i + 1 < len(args):
+                known[args[i]], i = args[i + 1], i + 2
+            else:
+                extra.append(args[i])
+                i += 1
+        return cls(port=int(known["--server_port"]), lang=known["--lang"], host=known["--server_name"],
+                   proxied=proxied, extra=extra)  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -61,6 +86,7 @@ class WebUI:
             self.host,
             "--server_port",
             self.port,
+            *self.extra,
         ]
         # no usage statistics sent; BROWSER=true: gradio's "open a browser tab" does nothing
         env = {"GRADIO_ANALYTICS_ENABLED": "False", "BROWSER": "true"}

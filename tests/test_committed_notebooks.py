@@ -236,3 +236,33 @@ def test_the_deepspeed_runs_11_typed_are_swifts_own_with_what_a_cpu_needs():
         assert (args["torch_dtype"], args["fp16"], args["bf16"]) == ("float32", False, False), name
         assert (args["gradient_checkpointing"], args["save_only_model"]) == (False, False), name
     assert ran["swift_zero2_command"]["value"].split("--deepspeed ")[1].split()[0] == "zero2"  # SWIFT's own preset
+
+
+def test_the_sft_commands_09_typed_are_what_the_recipe_builder_gives_for_the_same_values():
+    """09 types its two `swift sft` commands in cells; `sft.SftPlan` builds the gpu commands it shows to
+    copy. Given the values the committed run typed, the builder gives the same arguments, as SWIFT's own
+    parser reads both: a flag typed in one and not the other fails here."""
+    import shlex
+
+    import swift_cli
+    from swift import SftArguments
+
+    from helpers import models, sft, swiftcli
+
+    ran = committed_metrics("09")
+    for key, nproc in (("sft_single_command", 1), ("sft_ddp_command", 2)):
+        env, _, _ = swiftcli.parse_swift_text(ran[key]["value"])
+        assert env.get("NPROC_PER_NODE", "1") == str(nproc), key
+        typed = swift_cli.parse(ran[key]["value"], SftArguments)
+        assert typed["use_cpu"] and typed["torch_dtype"] == "float32" and typed["tuner_type"] == "lora", key
+        model = models.ModelInfo("typed", typed["model"], "test", typed["model_type"], typed["template"])
+        plan = sft.SftPlan(
+            model=model, datasets=tuple(typed["dataset"]), output_dir=typed["output_dir"],
+            model_name=tuple(typed["model_name"]), model_author=tuple(typed["model_author"]),
+            steps=typed["max_steps"], per_device_batch=typed["per_device_train_batch_size"],
+            grad_accum=typed["gradient_accumulation_steps"], nproc=nproc, learning_rate=typed["learning_rate"],
+            max_length=typed["max_length"], gradient_checkpointing=typed["gradient_checkpointing"], seed=typed["seed"],
+        )  # fmt: skip
+        built = swift_cli.parse("swift sft " + shlex.join(plan.cli()), SftArguments)
+        skip = {"external_plugins", "check_model"}  # a local folder's flags: the model may not be built here
+        assert {k: v for k, v in built.items() if k not in skip} == {k: v for k, v in typed.items() if k not in skip}, key

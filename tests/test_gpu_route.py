@@ -219,7 +219,7 @@ def test_the_forgetting_comparison_keeps_the_same_identity_data():
         selfcog.identity_part(("AI-ModelScope/alpaca-gpt4-data-en#500",))
 
 
-def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(tmp_path, monkeypatch):
+def test_a_run_of_sft_main_in_its_own_process_gets_its_keywords_and_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     script = tmp_path / "fake_sft.py"  # stands in for 09's sft_from_python.py: echoes what it was given
     script.write_text(
@@ -229,7 +229,7 @@ def test_a_run_of_sft_main_in_its_own_process_gets_the_plans_keywords_and_gpus(t
         "           'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'seed': kwargs['seed']}, open(sys.argv[2], 'w'))\n"
     )
     plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
-    got = sft.sft_process(plan.but(nproc=1, seed=7), script, timeout=60)
+    got = sft.sft_process(plan.but(nproc=1, seed=7).kwargs(), script, gpus=1, timeout=60)
     assert got["last_model_checkpoint"] == str(tmp_path / "v1") and got["seed"] == 7
     assert got["visible"] == "4" and got["pid"] != __import__("os").getpid()
 
@@ -278,3 +278,13 @@ def test_a_launch_timeout_is_capped_by_the_environment_and_says_so(tmp_path, mon
     monkeypatch.delenv(launching.LAUNCH_TIMEOUT_CAP)
     assert launching.capped(10) == 10
 
+
+def test_a_typed_web_ui_command_starts_the_web_ui_it_names():
+    """09 types `swift web-ui ...` in its cell: the port, host and language are the typed ones, any other
+    flag is passed on, and a command that is not `swift web-ui` is refused in one sentence."""
+    ui = web.WebUI.typed("swift web-ui --lang zh --server_name 127.0.0.1 --server_port 7999 --share false")
+    assert (ui.lang, ui.host, ui.port, ui.extra) == ("zh", "127.0.0.1", 7999, ["--share", "false"])
+    bare = web.WebUI.typed("swift web-ui", proxied=True)  # what the same text does in a terminal: SWIFT's defaults
+    assert (bare.lang, bare.host, bare.port, bare.proxied) == ("zh", "127.0.0.1", 7860, True)
+    with pytest.raises(CourseError, match="is not a swift web-ui command; write it as 'swift web-ui"):
+        web.WebUI.typed("swift sft --model x")
