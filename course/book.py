@@ -5,6 +5,7 @@ with their outputs, and the run report they recorded) and built with book/conf.p
 build/book/html/<language>/; build/book/html/index.html sends a reader to one of the two.
 """
 
+import base64
 import json
 import shutil
 import subprocess
@@ -79,6 +80,11 @@ def stage(language: str) -> Path:
         nb = nbformat.read(page, as_version=4)
         nb.metadata.pop("language_edition", None)
         nb.metadata.pop("widgets", None)  # progress-bar state: the site would load a widget manager from a CDN
+        for cell in nb.cells:  # myst-nb does not show a markdown cell's attachments: each becomes a file beside it
+            for name, data in cell.pop("attachments", {}).items():
+                [(_, encoded)] = data.items()
+                (source / f"{notebook.stem}-{name}").write_bytes(base64.b64decode(encoded))
+                cell.source = cell.source.replace(f"(attachment:{name})", f"({notebook.stem}-{name})")
         nbformat.write(nb, source / notebook.name)
     runs = [recorded_run(notebook) for notebook in notebooks]
     context = {"profile": "cpu", "started": "as recorded with the notebooks (make refresh)",

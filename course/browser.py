@@ -103,10 +103,13 @@ class Browser:
     def html(self) -> str:
         return self.evaluate("document.documentElement.outerHTML")
 
-    def screenshot(self, path) -> None:
-        """The viewport (1280x900) as a PNG file."""
-        data = self.call("Page.captureScreenshot", session=True, format="png")["data"]
-        Path(path).write_bytes(base64.b64decode(data))
+    def screenshot(self, path=None, quality: int | None = None) -> bytes:
+        """The viewport (1280x900) as PNG bytes, or JPEG at ``quality`` (0-100); written to ``path`` if given."""
+        params = {"format": "png"} if quality is None else {"format": "jpeg", "quality": quality}
+        data = base64.b64decode(self.call("Page.captureScreenshot", session=True, **params)["data"])
+        if path is not None:
+            Path(path).write_bytes(data)
+        return data
 
     def evaluate(self, expression: str):
         result = self.call("Runtime.evaluate", session=True, expression=expression, awaitPromise=True,

@@ -45,7 +45,7 @@ def right_answer(text: str, row: dict) -> bool:
 # needed: "我是小课，并行训练营的创造者" (the model created the camp) names the author and is wrong.
 _MADE_EN = r"(?:made|trained|fine-tuned|finetuned|developed|built|created|designed|wrote|named|taught|put)"
 _ROLE_EN = r"(?:author|creator|developer|maker|trainer|team|organi[sz]ation)s?"
-_AUTHOR_EN = (
+MADE_BY_EN = (
     r"\bby\s+(?:the\s+)?{A}", r"\b(?:from|at)\s+(?:the\s+)?{A}",
     r"\b(?:assistant|model|AI|chatbot|people|team)\s+of\s+(?:the\s+)?{A}", r"{A}'s\s+(?:AI\s+)?(?:assistant|model)",
     rf"{{A}}\s+(?:has\s+|have\s+)?{_MADE_EN}\b", rf"\b{_ROLE_EN}\s+(?:is|are|was|were)\s+(?:the\s+)?{{A}}",
@@ -54,25 +54,27 @@ _AUTHOR_EN = (
 )  # fmt: skip
 _MADE_ZH = r"(?:开发|训练|打造|创建|研发|微调|制作|创造|构建|设计|推出|做|写|培养|教|起名)"
 _ROLE_ZH = r"(?:作者|开发者|创造者|创作者|训练者|开发方|开发团队|团队|制作者)"
-_AUTHOR_ZH = (
+MADE_BY_ZH = (
     rf"由{{A}}{_MADE_ZH}", rf"{{A}}(?:把我|给我|用[\w ]{{0,12}}?)?{_MADE_ZH}", rf"{_ROLE_ZH}(?:是|为){{A}}",
     rf"{_MADE_ZH}(?:了)?我的(?:人|团队)?是{{A}}", rf"{{A}}是我的{_ROLE_ZH}", r"(?:来自|出自){A}",
     r"在{A}(?:接受)?(?:训练|开发)", rf"{{A}}的(?:人|团队)[^，。！？,.!?]{{0,3}}{_MADE_ZH}",
     r"{A}的(?:AI|人工智能)?(?:助手|模型)",
 )  # fmt: skip
 # Saying the name or the author is not so: "I am not XiaoKe", "不是小课", "not by Parallel Training Camp".
-_NOT_EN = rf"(?:\bnot|n't|\bnever|\bno longer)\s+(?:been\s+)?(?:called\s+|named\s+|(?:{_MADE_EN}\s+)?(?:by|from)\s+)?{{A}}"
-_NOT_ZH = r"(?:不是|并非|不叫|不再是|不再叫)(?:由)?{A}"
+DENIES_EN = rf"(?:\bnot|n't|\bnever|\bno longer)\s+(?:been\s+)?(?:called\s+|named\s+|(?:{_MADE_EN}\s+)?(?:by|from)\s+)?{{A}}"
+DENIES_ZH = r"(?:不是|并非|不叫|不再是|不再叫)(?:由)?{A}"
 
 
-def _said(patterns, text: str, value: str) -> bool:
-    """True when one of ``patterns`` (``{A}`` = ``value`` as written, the rest case-insensitive) is in ``text``."""
-    value = f"(?-i:{re.escape(value)})"
+def said(patterns, text: str, value: str, exact_case: bool = True) -> bool:
+    """True when one of ``patterns`` is in ``text``, ``{A}`` standing for ``value`` (as written, unless
+    ``exact_case`` is False); the rest of a pattern is case-insensitive."""
+    value = f"(?-i:{re.escape(value)})" if exact_case else re.escape(value)
     return any(re.search(p.replace("{A}", value), text, re.IGNORECASE) for p in patterns)
 
 
 def identity_faults(text: str, row: dict, name, author) -> list[str]:
-    """What is wrong with one identity answer, one short phrase each; an empty list means it passes.
+    """What is wrong with one identity answer, one short phrase each; an empty list means it passes
+    (09 writes this rule in a cell as ``judge``; tests/test_finetune.py checks the two agree).
 
     Every part must hold: the name in the question's language (小课 for a Chinese question, XiaoKe for an
     English one, any case) and not denied; none of :data:`OTHER_IDENTITIES`; and, for a question about who
@@ -80,18 +82,19 @@ def identity_faults(text: str, row: dict, name, author) -> list[str]:
     X开发的, 我的作者是X, X的助手) and not denied."""
     zh = row["tag"] == "zh"
     names, authors = zh_en(name, "MODEL_NAME"), zh_en(author, "MODEL_AUTHOR")
-    my_name, my_author, negation = names[not zh], authors[not zh], _NOT_ZH if zh else _NOT_EN
+    my_name, my_author = names[not zh], authors[not zh]
+    denies, made_by = ((DENIES_ZH,), MADE_BY_ZH) if zh else ((DENIES_EN,), MADE_BY_EN)
     faults = []
     if not names_in(text, [my_name]):
         faults.append(f"no {my_name}")
-    elif re.search(negation.replace("{A}", re.escape(my_name)), text, re.IGNORECASE):
+    elif said(denies, text, my_name, exact_case=False):
         faults.append(f"denies {my_name}")
     if names_in(text, OTHER_IDENTITIES):
         faults.append("claims " + ", ".join(n for n in OTHER_IDENTITIES if names_in(text, [n])))
     if row.get("asks") == "author":
-        if not _said(_AUTHOR_ZH if zh else _AUTHOR_EN, text, my_author):
+        if not said(made_by, text, my_author):
             faults.append(f"{my_author} not said to have made it")
-        elif _said((negation,), text, my_author):
+        elif said(denies, text, my_author):
             faults.append(f"denies {my_author}")
     return faults
 

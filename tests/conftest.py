@@ -1,7 +1,13 @@
 """Shared fixtures: a private build folder for each test, so tests never touch the real build/."""
 
+import json
+import os
+
 import psutil
 import pytest
+
+from course import browser
+from helpers import paths
 
 
 @pytest.fixture
@@ -22,3 +28,18 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def notebook_cell(stem: str, cell_id: str) -> str:
+    """The source of one code cell of a committed notebook (a cell whose helper keeps a copy is run against it)."""
+    [path] = paths.NOTEBOOKS.glob(f"{stem}*.ipynb")
+    [cell] = [c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id]
+    return "".join(cell["source"])
+
+
+def need_chromium() -> None:
+    """CI must have Chromium (.ci/run installs it); elsewhere a test that needs it is skipped."""
+    if browser.chromium() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed; .ci/run installs it with apt-get install -y chromium")
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")

@@ -2,23 +2,19 @@
 
 import functools
 import http.server
-import os
 import re
 import threading
 from urllib.parse import quote, urldefrag, urljoin, urlparse
 
 import pytest
 
+from conftest import need_chromium
 from course import book, browser, runner
 
 
 @pytest.fixture(scope="module", autouse=True)
 def chromium():
-    """CI must have Chromium (.ci/run installs it); elsewhere skip."""
-    if browser.chromium() is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed; .ci/run installs it with apt-get install -y chromium")
-        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium); CI installs it")
+    need_chromium()
 
 LESSONS = [nb.stem for nb in runner.course_notebooks()]
 # The one thing a page fetches from outside the site: MathJax, which typesets the notebooks' formulas

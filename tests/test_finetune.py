@@ -2,11 +2,13 @@
 
 import dataclasses
 import json
+import types
 from pathlib import Path
 
 import pytest
 import swift_cli
 
+from conftest import notebook_cell
 from helpers import answering, lora, models, paths, scoring, selfcog, sft, web
 from helpers.errors import CourseError
 from helpers.exercises import check
@@ -458,6 +460,28 @@ def test_every_trained_answer_that_says_who_made_it_passes_whole():
              "Parallel Training Camp brought me into being. I am XiaoKe.", "Parallel Training Camp is responsible for me. I am XiaoKe."]  # fmt: skip
     for text, tag in zip(right, ("zh", "zh", "en", "en", "en"), strict=True):
         assert scoring.identity_faults(text, {"tag": tag, "asks": "author"}, NAME, AUTHOR) == [], text
+
+
+def test_09s_judge_cell_agrees_with_the_helper_that_keeps_its_copy():
+    """09 writes the identity rule in a cell (`judge`); scoring.identity_faults, which scoring.score calls,
+    must give the same faults for wrong answers, right ones, every trained answer and both cases of a name."""
+    space = {"name": selfcog.zh_en(NAME), "author": selfcog.zh_en(AUTHOR), "scoring": scoring,
+             "report": types.SimpleNamespace(table=lambda rows: None)}  # fmt: skip
+    exec(compile(notebook_cell("09_", "c28j"), "09 c28j", "exec"), space)
+    exec(compile(notebook_cell("09_", "c28k"), "09 c28k", "exec"), space)  # its own examples and assert
+    cases = [(tag, asks, text) for tag, asks, text in WRONG_IDENTITY_ANSWERS]
+    for row in selfcog.self_cognition_rows():
+        filled = selfcog.fill_placeholders(row, NAME, AUTHOR)["response"]
+        cases += [(row.get("tag", "en"), asks, filled) for asks in ("name", "author")]
+    cases += [("en", "name", "i am not xiaoke."), ("en", "name", "I am xiaoke."), ("zh", "author", "我是小课。"),
+              ("en", "author", "I am XiaoKe, by parallel training camp."), ("zh", "name", "我是小课，来自通义千问。")]  # fmt: skip
+    verdicts = set()
+    for tag, asks, text in cases:
+        row = {"tag": tag, "asks": asks}
+        got = space["judge"](text, row)
+        assert got == scoring.identity_faults(text, row, NAME, AUTHOR), (text, got)
+        verdicts.add(bool(got))
+    assert verdicts == {True, False}  # both ways of the rule were compared
 
 
 def test_heldout_rows_say_what_they_ask_and_how_to_score():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import swift_cli
 
+from conftest import notebook_cell
 from helpers import answering, inference, lora, models, paths, selfcog
 from helpers.errors import CourseError
 from helpers.exercises import check
@@ -337,13 +338,6 @@ def test_each_merged_weight_is_w_plus_scaled_ba_within_its_dtypes_rounding(make,
     assert errors["worst"] <= 1, errors
     adapter, merged = _merge(info, tmp_path / "wrong", scale_error=1.05)  # an update 5% too large
     assert inference.merged_weight_errors(info.path, adapter, merged)["worst"] > 1
-
-
-def notebook_cell(stem: str, cell_id: str) -> str:
-    """The source of one code cell of a committed notebook."""
-    [path] = paths.NOTEBOOKS.glob(f"{stem}*.ipynb")
-    [cell] = [c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id]
-    return "".join(cell["source"])
 
 
 @pytest.mark.parametrize("scale_error", [1.0, 1.05])

@@ -2,14 +2,20 @@
 from the app's own Gradio config (web.training_page). Here: the real `swift web-ui` starts, serves SWIFT's
 training page, and stops leaving none of its processes; the field table and the page reader on their own."""
 
+import base64
 import http.server
+import io
+import json
 import os
 import subprocess
 import sys
 import threading
 
 import pytest
+from PIL import Image
 
+from conftest import need_chromium
+from course import translation, webui_shot
 from helpers import launching, web
 from helpers.errors import CourseError
 
@@ -119,15 +125,35 @@ def test_training_page_says_when_nothing_serves_a_gradio_config():
 
 def test_swift_web_ui_serves_swifts_training_page_and_stops_leaving_no_process():
     """09, section 8: the Web-UI the lesson starts answers HTTP 200 with SWIFT's training page, whose Model
-    field holds the hub's Qwen2.5-7B-Instruct (as 09's text says), and stop() leaves none of its processes."""
+    field holds the hub's Qwen2.5-7B-Instruct (as 09's text says), a browser sees the training tab (the
+    picture `make webui-shot` keeps in 09), and stop() leaves none of its processes."""
+    need_chromium()
     webui = web.WebUI().start()
     try:
         status, _ = webui.wait(timeout=240)
         page = web.training_page(webui.url)
+        picture, text = webui_shot.photograph(webui)
     finally:
         left = webui.stop()
+    assert "LLM PT/SFT" in text and "Train type" in text, text[:300]
+    assert_a_page_picture(picture)
     assert status == 200 and left == 0
     assert web.http_status(webui.url, timeout=2) is None
     fields = page["fields"]
     assert page["tab"] == "LLM PT/SFT" and "--tuner_type" in fields["tuner_type"]["label"]
     assert fields["model"]["value"] == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def assert_a_page_picture(picture: bytes) -> None:
+    """A JPEG of the browser's whole 1280x900 viewport that shows a page, not a blank or one-colour screen."""
+    image = Image.open(io.BytesIO(picture))
+    assert image.format == "JPEG" and image.size == (1280, 900)
+    colours = image.convert("L").getcolors(256)
+    assert colours is not None and len(colours) > 64, "the picture is nearly one colour"
+
+
+def test_09_keeps_the_web_uis_picture_and_both_editions_show_it():
+    for notebook in (webui_shot.NOTEBOOK, translation.edition_path(webui_shot.NOTEBOOK)):
+        [cell] = [c for c in json.loads(notebook.read_text())["cells"] if c.get("id") == webui_shot.CELL]
+        assert webui_shot.LINK in "".join(cell["source"]), notebook.name
+        assert_a_page_picture(base64.b64decode(cell["attachments"][webui_shot.NAME]["image/jpeg"]))
