@@ -14,7 +14,7 @@ SHAPE_ON_CPU ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long unit-scripts notebooks lab refresh clean prune gpu-check lock zh book webui-shot \
+.PHONY: help setup run test lint unit unit-main unit-long unit-scripts notebooks lab refresh clean prune gpu-check lock zh book webui-shot student \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
@@ -29,6 +29,7 @@ help:
 	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
+	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make setup    create .venv with exactly the locked packages (every target does it first)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
@@ -133,6 +134,9 @@ zh: setup
 
 book: setup
 	@$(BIN)/python -m course.book
+
+student: setup
+	@$(BIN)/python -m course.student
 
 webui-shot: setup
 	@$(BIN)/python -m course.webui_shot

@@ -80,7 +80,10 @@ def stage(language: str) -> Path:
         nb = nbformat.read(page, as_version=4)
         nb.metadata.pop("language_edition", None)
         nb.metadata.pop("widgets", None)  # progress-bar state: the site would load a widget manager from a CDN
-        for cell in nb.cells:  # myst-nb does not show a markdown cell's attachments: each becomes a file beside it
+        for cell in nb.cells:
+            if "solution" in cell.metadata.get("tags", []):  # shown collapsed, a click away, never open
+                cell.metadata.tags = [*cell.metadata.tags, "hide-input"]
+            # myst-nb does not show a markdown cell's attachments: each becomes a file beside it
             for name, data in cell.pop("attachments", {}).items():
                 [(_, encoded)] = data.items()
                 (source / f"{notebook.stem}-{name}").write_bytes(base64.b64decode(encoded))

@@ -4,6 +4,7 @@ import functools
 import http.server
 import re
 import threading
+import urllib.request
 from urllib.parse import quote, urldefrag, urljoin, urlparse
 
 import pytest
@@ -118,6 +119,17 @@ def test_every_internal_link_resolves(site, pages):
                     assert fragment in html[target]["ids"], f"{url} links to {link}: no such anchor"
             else:
                 assert urlparse(target).path.startswith(("/en/", "/zh-CN/")), f"{url}: stray link {link}"
+
+
+def test_solutions_are_collapsed_on_every_lesson_page(site, pages):
+    """A solution is in the page, a click away, but a reader who does not open it never sees it."""
+    for edition in ("en", "zh-CN"):
+        for stem in LESSONS:
+            url = lesson_url(site, edition, stem)
+            source = urllib.request.urlopen(url).read().decode()
+            shown = pages[url]["text"]
+            assert re.search(r"\w+_solution\b", source), f"{url}: no solution on the page"
+            assert not re.search(r"\w+_solution\b", shown), f"{url}: a solution shows open"
 
 
 def test_the_language_switch_lands_on_the_same_lesson(site, pages):
