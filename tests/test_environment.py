@@ -96,13 +96,15 @@ def test_readme_and_notebook_install_instructions_use_the_locks():
         "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
     )
     readme_zh = (paths.ROOT / "README.zh-CN.md").read_text()
-    gpu = (paths.ROOT / "docs" / "gpu.md").read_text()
-    places = (("README.md", readme), ("README.zh-CN.md", readme_zh), ("notebook 08", setup_cells), ("docs/gpu.md", gpu))
+    docs = {f"docs/{page.name}": page.read_text() for page in sorted((paths.ROOT / "docs").glob("*.md"))}
+    places = (("README.md", readme), ("README.zh-CN.md", readme_zh), ("notebook 08", setup_cells),
+              *docs.items())  # fmt: skip
     for where, text in places:
         commands = [c for c in pip_install_commands(text) if " -r " in c]
         # the GPU-image path: the course's own .venv beside the image's torch (requirements-lock-no-torch.txt,
         # by scripts/setup.sh); nothing tells a learner to pip-install the lock into the image's own Python
-        assert "COURSE_KEEP_TORCH=1 make setup" in text, where
+        if where in ("README.md", "README.zh-CN.md", "notebook 08", "docs/gpu.md", "docs/install.md"):
+            assert "COURSE_KEEP_TORCH=1 make setup" in text, where
         assert not any(environment.LOCK_NO_TORCH in c for c in commands), where
         for command in commands:
             files = re.findall(r"-r ([^\s`]+)", command)
@@ -112,7 +114,7 @@ def test_readme_and_notebook_install_instructions_use_the_locks():
                 optional = ["requirements-lab-zh.txt"]  # JupyterLab's Chinese language pack, pinned with hashes
                 assert files in ([environment.LOCK], [environment.LOCK_NO_TORCH], optional), (where, command)
                 assert "--require-hashes" in command, (where, command)
-    assert "make lock" in readme
+    assert "make lock" in docs["docs/install.md"]  # the README's set-up page
 
 
 def test_the_key_pins_named_by_the_course():
@@ -166,7 +168,7 @@ def test_a_cuda_build_of_torch_in_the_supported_range_counts_as_matching(monkeyp
 
 
 def test_the_optional_chinese_language_pack_is_pinned_and_jupyterlab_finds_it(tmp_path):
-    """requirements-lab-zh.txt: one package, pinned with hashes, installed as the README says; once it is
+    """requirements-lab-zh.txt: one package, pinned with hashes, installed as docs/chinese.md says; once it is
     installed, JupyterLab's server lists zh_CN among its languages."""
     import subprocess
     import sys
@@ -176,7 +178,7 @@ def test_the_optional_chinese_language_pack_is_pinned_and_jupyterlab_finds_it(tm
     pins = [line for line in requirement_lines(name) if "==" in line]
     assert pins == ["jupyterlab-language-pack-zh-cn==4.5.post3 \\"] and "--hash=sha256:" in text
     command = f"uv pip install --python .venv/bin/python --no-deps --require-hashes -r {name}"
-    assert command in text and command in (paths.ROOT / "README.md").read_text()
+    assert command in text and command in (paths.ROOT / "docs" / "chinese.md").read_text()
     uv = paths.ROOT / ".venv" / "bin" / "uv"
     subprocess.run([uv, "pip", "install", "--quiet", "--target", tmp_path, "--no-deps", "--require-hashes", "-r",
                     paths.ROOT / name, *environment.uv_sources()], check=True)  # fmt: skip

@@ -1,4 +1,4 @@
-"""The install of a GPU image, run as far as a machine without a GPU can (README, "On GPUs"). Two ways:
+"""The install of a GPU image, run as far as a machine without a GPU can (docs/gpu.md). Two ways:
 
 - a fresh copy of the course whose .venv already holds a torch (standing in for a CUDA build you
   installed), then ``COURSE_KEEP_TORCH=1 make setup``;
@@ -104,7 +104,7 @@ def kernel_python(tmp_path: Path) -> Path:
 def test_keep_torch_setup_installs_the_rest_and_leaves_the_images_torch_alone(pristine, tmp_path):
     repo = course_copy(pristine, tmp_path)
     python = repo / ".venv" / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "venv", str(repo / ".venv")], check=True)  # as the README says
+    subprocess.run([sys.executable, "-m", "venv", str(repo / ".venv")], check=True)  # as docs/gpu.md says
     torch_version = install_torch(python)
     marker = purelib(python) / "torch" / "IMAGE_BUILD"  # a file only the image's own torch has
     marker.write_text("the image's torch\n")

@@ -213,10 +213,12 @@ def test_both_readmes_link_to_files_that_exist_and_the_chinese_one_to_every_chin
     import re
 
     root = translation.paths.ROOT
-    for name in ("README.md", "README.zh-CN.md"):
+    docs = [f"docs/{page.name}" for page in sorted((root / "docs").glob("*.md"))]
+    for name in ["README.md", "README.zh-CN.md", *docs]:  # the docs pages too, each link relative to its page
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (root / name).read_text(encoding="utf-8")):
             if not target.startswith(("http://", "https://")):
-                assert (root / target).exists(), f"{name} links to {target}, which does not exist"
+                where = (root / name).parent / target
+                assert where.exists(), f"{name} links to {target}, which does not exist"
     chinese = (root / "README.zh-CN.md").read_text(encoding="utf-8")
     for notebook in NOTEBOOKS:
         assert f"](notebooks/zh/{notebook.name})" in chinese, notebook.name
