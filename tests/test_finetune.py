@@ -493,6 +493,13 @@ def test_heldout_rows_say_what_they_ask_and_how_to_score():
     assert all(r["expect"] and r["wrong"] for r in general) and sum(r["tag"] == "zh" for r in general) >= 8
     for r in general:  # a wrong word never hides inside an expected one
         assert not scoring.contains_expected(" ".join(r["expect"]), r["wrong"]), r
+    counts = {k: sum(r["tag"] == k for r in general) for k in ("en", "zh")}  # data/README.md says the same
+    n_author = sum(r["asks"] == "author" for r in identity) // 2
+    readme = (paths.ROOT / "data" / "README.md").read_text()
+    for said in (f"| `heldout.jsonl` | {len(identity)} identity + {len(general)} general |",
+                 f"{len(identity) // 2} per language", f"{n_author} per language ask",
+                 f"({counts['en']} en, {counts['zh']} zh;"):
+        assert said in readme, said
 
 
 # --- exercises ---------------------------------------------------------------------------------------
