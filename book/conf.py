@@ -20,7 +20,9 @@ html_show_sourcelink = False
 html_last_updated_fmt = None
 nb_execution_mode = "off"  # the notebooks are already executed: their committed outputs are shown
 nb_merge_streams = True
-myst_enable_extensions = ["dollarmath"]
+# the tables notebooks print (text/markdown outputs) are GitHub-style: CommonMark, the default, has no tables
+nb_render_markdown_format = "myst"
+myst_enable_extensions = ["dollarmath"]  # MyST reads pipe tables itself
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
 exclude_patterns = ["_build"]

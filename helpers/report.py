@@ -76,8 +76,8 @@ def gpu_peak(label: str) -> float | None:
     return peak
 
 
-def table(rows: list[dict], columns: list[str] | None = None):
-    """Show a list of dicts as a Markdown table (plain text outside Jupyter); returns the Markdown."""
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A list of dicts as the text of a Markdown table (pipes inside a cell escaped, lists joined)."""
     if not rows:
         return ""
     columns = columns or list(rows[0])
@@ -86,12 +86,17 @@ def table(rows: list[dict], columns: list[str] | None = None):
         text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else _fmt(value)
         return text.replace("|", "\\|")
 
-    text = "\n".join(
-        ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(
+        ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
         + ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     )
-    markdown(text)
-    return text
+
+
+def table(rows: list[dict], columns: list[str] | None = None) -> None:
+    """Show a list of dicts as a Markdown table (plain text outside Jupyter). It returns nothing, as
+    ``display`` does, so a cell that ends with it shows the table once, not its text a second time."""
+    if rows:
+        markdown(markdown_table(rows, columns))
 
 
 def show_source(fn) -> str:

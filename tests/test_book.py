@@ -11,6 +11,7 @@ import pytest
 
 from conftest import need_chromium
 from course import book, browser, runner
+from helpers import paths
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,6 +120,17 @@ def test_every_internal_link_resolves(site, pages):
                     assert fragment in html[target]["ids"], f"{url} links to {link}: no such anchor"
             else:
                 assert urlparse(target).path.startswith(("/en/", "/zh-CN/")), f"{url}: stray link {link}"
+
+
+def test_every_table_a_notebook_prints_shows_as_a_table(site, pages):
+    """report.table's markdown outputs become HTML tables, not a paragraph of pipes, in both editions."""
+    for edition in ("en", "zh-CN"):
+        for stem in LESSONS:
+            url = lesson_url(site, edition, stem)
+            source = urllib.request.urlopen(url).read().decode()
+            assert "|---|" not in pages[url]["text"], f"{url}: a table shows as raw pipes"
+            if '"text/markdown"' in (paths.NOTEBOOKS / f"{stem}.ipynb").read_text():  # it prints a table
+                assert "<table" in source, f"{url}: no table"
 
 
 def test_solutions_are_collapsed_on_every_lesson_page(site, pages):

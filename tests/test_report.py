@@ -25,7 +25,10 @@ def test_record_shows_nothing_and_collect_keeps_the_last_value(capsys, monkeypat
 
 
 def test_table_escapes_pipes_and_joins_lists(capsys):
-    text = report.table([{"a": "x|y", "b": [1, 2], "c": 0.123456}])
+    rows = [{"a": "x|y", "b": [1, 2], "c": 0.123456}]
+    assert report.table(rows) is None  # a cell ending with it shows the table, not its text again
+    assert report.markdown_table([{"|x|": 1}]).splitlines()[0] == "| \\|x\\| |"  # a column's name too
+    text = report.markdown_table(rows)
     assert text.splitlines() == ["| a | b | c |", "|---|---|---|", "| x\\|y | 1, 2 | 0.1235 |"]
     assert capsys.readouterr().out.strip() == text
 
