@@ -22,7 +22,7 @@ help:
 	@echo "make test     lint, unit tests then notebook tests, the longest unit tests beside them; the tree must stay clean"
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
 	@echo "make refresh  re-execute the notebooks and keep their outputs in notebooks/"
-	@echo "make clean    remove run outputs in build/; keeps build/models and build/outputs (your trainings)"
+	@echo "make clean    remove run outputs in build/; keeps build/models, build/outputs (your trainings), build/scripts"
 	@echo "make gpu-check  the gpu profile of 03-06, 09-12 on a tiny Qwen2 (needs CUDA; DRY=1 prints the commands;"
 	@echo "               SHAPE_ON_CPU=1 NPROC=1 runs the same in its gpu shape on the CPU)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
@@ -103,10 +103,11 @@ refresh: setup
 	@$(BIN)/python -m course.runner refresh $(if $(ONLY),--only $(ONLY))
 
 clean:
-	rm -rf build/executed build/html build/logs build/launches build/scripts build/refresh \
+	rm -rf build/executed build/html build/logs build/launches build/refresh \
 		build/report.md build/report.json build/index.html
-	@echo "Removed the run outputs in build/. Kept build/models (converted models) and build/outputs"
-	@echo "(adapters, checkpoints, merged models you trained): delete those by hand if you mean to."
+	@echo "Removed the run outputs in build/. Kept build/models (converted models), build/outputs"
+	@echo "(adapters, checkpoints, merged models you trained) and build/scripts (the scripts the notebooks"
+	@echo "write, and yours: 06.7's my_ddp_train.py): delete those by hand if you mean to."
 
 prune: setup
 	@$(BIN)/python -m course.runner prune --keep "$(KEEP)"
