@@ -39,3 +39,54 @@ def test_both_syllabi_give_each_notebook_its_learner_time_and_its_recorded_cpu_t
             assert seconds == recorded, f"{readme.name}: {number} says {seconds} s, its last run took {recorded} s"
             estimate = learner_minutes(notebooks[number])
             assert abs(minutes - estimate) <= 5, f"{readme.name}: {number} says {minutes} min, the estimate is {estimate:.0f}"
+
+
+WORKSHOP = paths.ROOT / "WORKSHOP.md"
+SECTION = re.compile(r"§(\d+[a-z]?)(?:–§?(\d+))? ([^;§(]+?)(?=\s*(?:\(|;|,\s*§|$))")
+
+
+def headings(number: str) -> dict[str, str]:
+    """Section number -> heading text of one notebook, from its '## 1. ...' and '### 2a. ...' lines."""
+    [notebook] = [nb for nb in course_notebooks() if nb.name.startswith(number)]
+    found = {}
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            for m in re.finditer(r"^#{2,3} (\d+[a-z]?)\. (.+)$", "".join(cell["source"]), re.M):
+                found[m.group(1)] = m.group(2)
+    return found
+
+
+def routes() -> dict[str, tuple[int, list[list[str]]]]:
+    """Each route of WORKSHOP.md: the minutes its heading states, and its table's rows (cells)."""
+    found = {}
+    for m in re.finditer(r"^## ([^\n]+?): (\d+) minutes of teaching\n(.*?)(?=^## )", WORKSHOP.read_text(), re.M | re.S):
+        rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in m.group(3).splitlines()
+                if line.startswith("| ") and not line.startswith("| block")]
+        found[m.group(1)] = (int(m.group(2)), rows)
+    return found
+
+
+def test_each_workshop_route_adds_up_to_the_minutes_it_states():
+    found = routes()
+    assert set(found) == {"One-day route", "Half-day route"}, set(found)
+    for name, (stated, rows) in found.items():
+        assert sum(int(row[2]) for row in rows) == stated, f"{name}: rows add up to {sum(int(r[2]) for r in rows)}"
+
+
+def test_each_workshop_route_names_sections_the_notebooks_have():
+    named = 0
+    for name, (_, rows) in routes().items():
+        for row in rows:
+            m = re.match(r"(\d\d) · (.*)", row[1])
+            if not m:
+                continue  # a wrap-up block, not a notebook's sections
+            have = headings(m.group(1))
+            for number, last, title in SECTION.findall(re.sub(r"\([^)]*\)", "", m.group(2))):
+                assert number in have, f"{name}: {m.group(1)} has no section {number}"
+                if last:
+                    assert last in have, f"{name}: {m.group(1)} has no section {last}"
+                title = title.strip().rstrip(".")
+                if title:
+                    assert have[number].startswith(title), f"{name}: {m.group(1)} §{number} is {have[number]!r}, not {title!r}"
+                    named += 1
+    assert named >= 20  # the routes name sections by their headings, not only by number

@@ -214,7 +214,7 @@ def test_both_readmes_link_to_files_that_exist_and_the_chinese_one_to_every_chin
 
     root = translation.paths.ROOT
     docs = [f"docs/{page.name}" for page in sorted((root / "docs").glob("*.md"))]
-    for name in ["README.md", "README.zh-CN.md", *docs]:  # the docs pages too, each link relative to its page
+    for name in ["README.md", "README.zh-CN.md", "WORKSHOP.md", "ARCHITECTURE.md", "CONTRIBUTING.md", "data/README.md", *docs]:  # the docs pages too, each link relative to its page
         for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (root / name).read_text(encoding="utf-8")):
             if not target.startswith(("http://", "https://")):
                 where = (root / name).parent / target
