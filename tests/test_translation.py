@@ -222,3 +222,27 @@ def test_both_readmes_link_to_files_that_exist_and_the_chinese_one_to_every_chin
     chinese = (root / "README.zh-CN.md").read_text(encoding="utf-8")
     for notebook in NOTEBOOKS:
         assert f"](notebooks/zh/{notebook.name})" in chinese, notebook.name
+
+
+def _punctuation(ch: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(ch)[0] in "PS"
+
+
+def test_every_bold_phrase_renders_in_both_editions():
+    """CommonMark opens ** only before a non-space that is not punctuation, or after space or punctuation,
+    and closes it likewise: 「**全收集（all-gather）**均值」 stays literal asterisks, since the closing ** follows
+    a full-width bracket and precedes a letter."""
+    import re
+
+    for notebook in NOTEBOOKS:
+        for path in (notebook, translation.edition_path(notebook)):
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                text = "".join(cell["source"]) if cell["cell_type"] == "markdown" else ""
+                for m in re.finditer(r"\*\*(.+?)\*\*", text):
+                    inner, before = m.group(1), text[m.start() - 1] if m.start() else " "
+                    after = text[m.end()] if m.end() < len(text) else " "
+                    opens = not inner[0].isspace() and (not _punctuation(inner[0]) or before.isspace() or _punctuation(before))
+                    closes = not inner[-1].isspace() and (not _punctuation(inner[-1]) or after.isspace() or _punctuation(after))
+                    assert opens and closes, f"{path.name} {cell.get('id')}: {m.group(0)!r} does not render bold"
