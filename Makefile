@@ -14,7 +14,7 @@ SHAPE_ON_CPU ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long unit-scripts notebooks lab refresh clean prune gpu-check lock zh book webui-shot student \
+.PHONY: help setup run test lint unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
@@ -31,10 +31,13 @@ help:
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
 	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
+	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
+	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: HUB_SSL_CERT, HUB_SSL_KEY); Ctrl-C stops all"
 	@echo "make setup    create .venv with exactly the locked packages (every target does it first)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
 	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
-	@echo "Parts of make test: unit-main, unit-long, gpu-shape-1, gpu-shape-2, stream-units, stream-notebooks"
+	@echo "Parts of make test: unit-main, unit-long, unit-scripts, unit-hub, gpu-shape-1, gpu-shape-2, stream-units,"
+	@echo "                    stream-notebooks"
 
 setup:
 	@bash scripts/setup.sh
@@ -47,21 +50,26 @@ lint: setup
 
 # The longest tests run beside the others, each pytest session in its own build/test folder: `make gpu-check
 # SHAPE_ON_CPU=1` for 1 process and for 2 (tests/test_gpu_shape.py, one make run each, the notebooks of
-# GPU_CHECK as a GPU runs them), the site crawled in Chromium, the GPU-image install path. Each stream's
-# output follows when it ends.
+# GPU_CHECK as a GPU runs them), the site crawled in Chromium, the GPU-image install path, two learners on
+# `make hub` in Chromium. Each stream's output follows when it ends.
 unit: setup
 	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long unit-scripts
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long unit-scripts unit-hub
 
 SHAPE := tests/test_gpu_shape.py
 LONG := tests/test_book.py tests/test_install.py
 SCRIPTS_TEST := tests/test_scripts.py
+HUB_TEST := tests/test_hub.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST))
+	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST) $(HUB_TEST))
 
 # the scripts a learner can take away, each under plain torchrun: a launch apiece, so beside the units
 unit-scripts:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/scripts $(BIN)/python -m pytest -p no:cacheprovider -ra $(SCRIPTS_TEST)
+
+# two learners on `make hub` in Chromium (about a minute): in the notebooks' stream, the shorter one
+unit-hub:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/hub $(BIN)/python -m pytest -p no:cacheprovider -ra $(HUB_TEST)
 
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
@@ -75,7 +83,7 @@ stream-units:
 	@status=0; for part in unit-main gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; for part in gpu-shape-1 notebooks unit-scripts; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in gpu-shape-1 notebooks unit-scripts unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
@@ -141,3 +149,9 @@ student: setup
 
 webui-shot: setup
 	@$(BIN)/python -m course.webui_shot
+
+# USERS, HUB_IP, HUB_PORT, HUB_SSL_CERT, HUB_SSL_KEY and PROFILE reach course.hub through the environment (a
+# name with a quote in it is refused there, not run by the shell); exec: Ctrl-C and a `kill` of make reach
+# JupyterHub itself, which stops its proxy and every learner's server.
+hub: setup
+	@exec $(BIN)/python -m course.hub

@@ -161,7 +161,7 @@ def accelerators() -> dict:
 
     cuda = torch.cuda.is_available()
     return {
-        "cpu cores": os.cpu_count(),
+        "cpu cores": len(os.sched_getaffinity(0)),
         "CUDA available": cuda,
         "CUDA devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if cuda

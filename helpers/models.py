@@ -122,6 +122,15 @@ def check(directory: Path) -> str | None:
     return None
 
 
+def model_dir(folder: str, force: bool = False) -> Path:
+    """Where the course model ``folder`` is, or is to be built: in build/models (``paths.models_dir()``), unless
+    only the shared, read-only folder (``paths.shared_models_dir()``) holds a complete one."""
+    own, shared = paths.models_dir() / folder, paths.shared_models_dir()
+    if not force and check(own) is not None and shared is not None and check(shared / folder) is None:
+        return shared / folder
+    return own
+
+
 def build_once(target: Path, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
     """Make the model folder ``target`` with ``build(tmp_dir)`` (see :func:`helpers.paths.build_folder`), unless a
     complete one is there: a manifest of file sizes is written last, and a folder that fails :func:`check`
@@ -189,8 +198,9 @@ def _convert_smollm2(out: Path) -> None:
 
 def smollm2(force: bool = False) -> ModelInfo:
     """SmolLM2-135M-Instruct as a plain transformers directory (converted once, ~30 s)."""
-    target = paths.models_dir() / SMOLLM2_DIR
-    build_once(target, _convert_smollm2, force=force)
+    target = model_dir(SMOLLM2_DIR, force)
+    if target.parent != paths.shared_models_dir():
+        build_once(target, _convert_smollm2, force=force)
     return ModelInfo(
         name="SmolLM2-135M-Instruct",
         path=str(target),
@@ -275,8 +285,9 @@ def _build_tiny(out: Path, architecture: str) -> None:
 
 
 def _tiny(folder: str, architecture: str, name: str, force: bool) -> ModelInfo:
-    target = paths.models_dir() / folder
-    build_once(target, lambda out: _build_tiny(out, architecture), force=force, log=lambda *_: None)
+    target = model_dir(folder, force)
+    if target.parent != paths.shared_models_dir():
+        build_once(target, lambda out: _build_tiny(out, architecture), force=force, log=lambda *_: None)
     model_type, template = _COURSE_MODELS[folder]
     return ModelInfo(
         name=name,

@@ -55,6 +55,13 @@ def models_dir() -> Path:
     return _from_environment("COURSE_MODELS_DIR", ROOT / "build" / "models")
 
 
+def shared_models_dir() -> Path | None:
+    """Models built ahead by someone else and read from there, never written (``$COURSE_SHARED_MODELS_DIR``: a
+    learner on a shared server reads the repository's build/models and builds what is missing in their own)."""
+    value = os.environ.get("COURSE_SHARED_MODELS_DIR")
+    return (ROOT / value).resolve() if value else None
+
+
 def run_dir(*parts: str) -> Path:
     """A folder under build/ for one kind of output, created on first use."""
     path = build_dir().joinpath(*parts)

@@ -122,7 +122,7 @@ def torch_threads(n: int):
 
 def machine_load() -> dict:
     """CPU cores and the 1-minute load average: how busy the machine was while we measured."""
-    return {"cores": os.cpu_count(), "load average (1 min)": round(os.getloadavg()[0], 2)}
+    return {"cores": len(os.sched_getaffinity(0)), "load average (1 min)": round(os.getloadavg()[0], 2)}
 
 
 # --- plots of what was measured ---------------------------------------------------------------------------

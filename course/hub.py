@@ -1,0 +1,423 @@
+"""`make hub`: one JupyterHub for a room of learners, each kept apart from the others.
+
+Every learner named in USERS becomes a system user of their own (``course-<name>``, created if missing, home
+mode 0700), logs in with their own password (generated here, printed once and kept in build/hub/passwords,
+mode 0600; an instructor may write their own there first, one ``name password`` a line), and gets:
+
+- the student notebooks (`make student`) copied into ``~/course`` (a file already there is never replaced);
+- their own build/, outputs and models folders in their home (the course models built ahead in the
+  repository's build/models are read from there, read-only; see helpers/models.py);
+- a fixed, even share of this machine's CPU cores (CPU affinity, which the course's profile and torch's
+  threads follow), and one GPU each where GPUs exist (CUDA_VISIBLE_DEVICES).
+
+The hub runs as root (only root can create those users and start a server as each of them) from the course's
+.venv, on 127.0.0.1:8000 unless HUB_IP / HUB_PORT say otherwise; HUB_SSL_CERT and HUB_SSL_KEY serve it over
+TLS. Ctrl-C, or a SIGTERM, stops the hub, its proxy and every learner's server.
+"""
+
+import argparse
+import hmac
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import launching, paths
+from helpers.errors import CourseError
+
+PREFIX = "course-"
+NAME = re.compile(
+    r"[a-z][a-z0-9]{0,15}"
+)  # a learner's name: the hub's user name and the end of the system user's
+PREFIX_FORM = re.compile(r"[a-z][a-z0-9-]{0,14}")
+HOME_BASE = "/home"
+NOTEBOOKS = "course"  # the folder in each home that holds the learner's notebooks
+PROXY = ("import sys; from configurable_http_proxy.cli import main; "
+         "sys.argv[0] = 'configurable-http-proxy'; sys.exit(main())")  # fmt: skip
+
+
+def hub_dir() -> Path:
+    return paths.build_dir() / "hub"
+
+
+# --- what the instructor asked for -------------------------------------------------------------------------
+
+
+def parse_users(text: str | None) -> list[str]:
+    """The learners' names in USERS (separated by spaces or commas), checked."""
+    names = [name for name in re.split(r"[\s,]+", text or "") if name]
+    if not names:
+        raise CourseError('USERS is empty; name the learners, e.g. make hub USERS="alice bob".')
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise CourseError(
+                f"USERS has {name!r}, which is not a valid user name; use 1 to 16 lower-case letters and digits, "
+                "starting with a letter (e.g. alice, bob2)."
+            )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise CourseError(f"USERS names {', '.join(repeated)} more than once; name each learner once.")
+    return names
+
+
+def check_prefix(prefix: str) -> str:
+    if not PREFIX_FORM.fullmatch(prefix.rstrip("-")) or not prefix.endswith("-"):
+        raise CourseError(
+            f"HUB_PREFIX = {prefix!r} is not a valid prefix for system user names; use lower-case letters, "
+            "digits and hyphens, starting with a letter and ending in '-' (e.g. course-)."
+        )
+    return prefix
+
+
+def check_port(value) -> int:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        port = 0
+    if not 1 <= port <= 65535:
+        raise CourseError(
+            f"HUB_PORT = {value!r} is not a port; use a whole number from 1 to 65535, e.g. 8000."
+        )
+    return port
+
+
+def core_shares(cores: list[int], learners: int) -> list[list[int]]:
+    """An even share of ``cores`` for each learner, in order (the cores left over stay with the hub); with
+    fewer cores than learners, each gets one, taken in turn."""
+    cores = sorted(cores)
+    each = len(cores) // learners
+    if each == 0:
+        return [[cores[i % len(cores)]] for i in range(learners)]
+    return [cores[i * each : (i + 1) * each] for i in range(learners)]
+
+
+def count_gpus() -> int:
+    """NVIDIA GPUs on this machine (nvidia-smi's list; 0 without one)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return (
+        sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
+    )
+
+
+# --- what the learners' servers must be able to read -----------------------------------------------------------
+
+
+def closed_to_others(path: Path) -> list[tuple[Path, str]]:
+    """The folders on the way to ``path`` that a user other than their owner cannot pass through, and ``path``
+    itself if they cannot list it: (folder, the chmod that opens it)."""
+    path = Path(path)
+    closed = [(folder, "o+x") for folder in path.parents if not folder.stat().st_mode & stat.S_IXOTH]
+    need = stat.S_IXOTH | stat.S_IROTH
+    if path.stat().st_mode & need != need:
+        closed.append((path, "o+rx"))
+    return closed
+
+
+def needed_by_learners() -> list[Path]:
+    """What each learner's server reads: the repository (the course's helpers) and the .venv's Python, which
+    may live in another folder (the interpreter it was made from)."""
+    python = Path(sys.executable)
+    return [paths.ROOT, python.parent, python.resolve().parent, Path(os.path.realpath(sys.base_prefix))]
+
+
+def check_access() -> None:
+    closed = sorted({entry for path in needed_by_learners() for entry in closed_to_others(path)})
+    if closed:
+        fix = "; ".join(f"chmod {mode} {folder}" for folder, mode in closed)
+        raise CourseError(
+            f"the learners' servers run the course's Python as the learners' own users and cannot reach "
+            f"{', '.join(str(folder) for folder, _ in closed)}; run `{fix}` (or keep the repository and its "
+            "Python where every user can read them) and start the hub again."
+        )
+
+
+# --- the learners ---------------------------------------------------------------------------------------------
+
+
+def system_user(prefix: str, name: str, home_base: str = HOME_BASE) -> pwd.struct_passwd:
+    """The system user of learner ``name``, created (with a home of mode 0700) if missing."""
+    login = prefix + name
+    try:
+        found = pwd.getpwnam(login)
+    except KeyError:
+        home = Path(home_base) / login
+        subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--user-group", "--shell", "/bin/bash",
+                        login], check=True, capture_output=True)  # fmt: skip
+        found = pwd.getpwnam(login)
+    os.chmod(found.pw_dir, 0o700)
+    return found
+
+
+def student_notebooks() -> Path:
+    """build/student/, written by `make student`'s own code if it is not there yet."""
+    folder = paths.build_dir() / "student"
+    if not any(folder.glob("00_*.ipynb")):
+        from course import student
+
+        student.write(folder)
+    return folder
+
+
+def hand_out(source: Path, user: pwd.struct_passwd) -> int:
+    """Copy the notebooks under ``source`` into the learner's ~/course, never over a file already there;
+    returns how many were copied."""
+    target = Path(user.pw_dir) / NOTEBOOKS
+    copied = 0
+    for path in sorted(source.rglob("*.ipynb")):
+        destination = target / path.relative_to(source)
+        for folder in [*reversed(destination.relative_to(user.pw_dir).parents)][1:]:
+            folder = Path(user.pw_dir) / folder
+            if not folder.exists():
+                folder.mkdir()
+                os.chown(folder, user.pw_uid, user.pw_gid)
+        if destination.exists():
+            continue
+        shutil.copyfile(path, destination)
+        os.chown(destination, user.pw_uid, user.pw_gid)
+        copied += 1
+    return copied
+
+
+def read_passwords(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    lines = (line.split(None, 1) for line in path.read_text().splitlines() if line.strip() and line[0] != "#")
+    return {parts[0]: parts[1].strip() for parts in lines if len(parts) == 2}
+
+
+def passwords(path: Path, names: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Each learner's password: the one in ``path`` (mode 0600), or a new one written there; returns them all
+    and the names that got a new one."""
+    known = read_passwords(path)
+    new = [name for name in names if name not in known]
+    known.update({name: secrets.token_urlsafe(9) for name in new})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("# learner password (make hub; keep this file private)\n")
+        handle.writelines(f"{name} {secret}\n" for name, secret in known.items())
+    os.chmod(path, 0o600)
+    return known, new
+
+
+def models_ahead(profile: str, gpus: int) -> str:
+    """Build the profile's course model once into build/models, where every learner reads it (read-only); the
+    gpu profile's model comes from ModelScope into each learner's own cache. Returns what it did, in words."""
+    chosen = profile if profile != "auto" else ("gpu" if gpus else "cpu")
+    if chosen == "gpu":
+        return "the gpu profile's model is downloaded by each learner's first run into their own cache"
+    which = "smoke" if chosen == "smoke" else "cpu"
+    print(
+        f"hub: making the {which} profile's model available to every learner (the first time: up to a minute) ..."
+    )
+    subprocess.run([sys.executable, "-m", "helpers.models", which], check=True, capture_output=True)
+    closed = closed_to_others(paths.models_dir())
+    if closed:
+        return (f"{paths.relative(paths.models_dir())} is closed to the learners ({closed[0][1]} on {closed[0][0]} "
+                "would open it): each builds the model in their own build/models")  # fmt: skip
+    return f"the {which} profile's model is shared read-only from {paths.relative(paths.models_dir())}"
+
+
+def learner_environment(home: Path, cores: list[int], gpu: int | None, profile: str) -> dict[str, str]:
+    """What a learner's server and kernels are given: their own folders, the shared models, their share."""
+    build = home / "build"
+    env = {
+        "COURSE_BUILD_DIR": str(build),
+        "COURSE_OUTPUTS_DIR": str(build / "outputs"),
+        "COURSE_MODELS_DIR": str(build / "models"),
+        "COURSE_SHARED_MODELS_DIR": str(paths.models_dir()),
+        "OMP_NUM_THREADS": str(len(cores)),
+        "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
+    }
+    if profile != "auto":
+        env["COURSE_PROFILE"] = profile
+    return env
+
+
+# --- JupyterHub's side: who logs in, how a server starts --------------------------------------------------------
+
+try:
+    from jupyterhub.auth import Authenticator
+    from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
+    from traitlets import Unicode
+except ImportError:  # jupyterhub is not installed (make setup installs it): main() says so
+    Authenticator = LocalProcessSpawner = None
+else:
+
+    class CourseAuthenticator(Authenticator):
+        """A learner's name and the password in build/hub/passwords."""
+
+        passwords_file = Unicode(help="the file of `name password` lines").tag(config=True)
+
+        async def authenticate(self, handler, data):
+            name, given = (data.get("username") or "").strip().lower(), data.get("password") or ""
+            known = read_passwords(Path(self.passwords_file)).get(name)
+            if known is not None and hmac.compare_digest(known.encode(), given.encode()):
+                return name
+            return None
+
+    class CourseSpawner(LocalProcessSpawner):
+        """A learner's server: as their system user, on their share of the cores, with their own folders."""
+
+        learners_file = Unicode(help="build/hub/learners.json, written by course.hub").tag(config=True)
+
+        def learner(self) -> dict:
+            return json.loads(Path(self.learners_file).read_text())[self.user.name]
+
+        def make_preexec_fn(self, name):
+            learner = self.learner()
+            become = set_user_setuid(learner["system"])
+
+            def preexec():
+                os.sched_setaffinity(0, learner["cores"])  # kept by every process the server starts
+                become()
+
+            return preexec
+
+        def user_env(self, env):
+            learner = self.learner()
+            user = pwd.getpwnam(learner["system"])
+            env.update(USER=user.pw_name, LOGNAME=user.pw_name, HOME=user.pw_dir, SHELL=user.pw_shell)
+            env.update(learner["environment"])
+            return env
+
+
+# --- starting it -----------------------------------------------------------------------------------------------
+
+
+def write_config(folder: Path, names: list[str], ip: str, port: int, ssl: tuple[str, str] | None) -> Path:
+    python = sys.executable
+    lines = [
+        "# Written by `make hub` (course/hub.py) each time it starts; edit course/hub.py, not this file.",
+        "from course.hub import CourseAuthenticator, CourseSpawner",
+        "c = get_config()  # noqa: F821",
+        f"c.JupyterHub.ip = {ip!r}",
+        f"c.JupyterHub.port = {port}",
+        f"c.JupyterHub.hub_port = {launching.free_port()}",
+        f"c.ConfigurableHTTPProxy.api_url = 'http://127.0.0.1:{launching.free_port()}'",
+        f"c.ConfigurableHTTPProxy.command = [{python!r}, '-c', {PROXY!r}]",
+        f"c.ConfigurableHTTPProxy.pid_file = {str(folder / 'proxy.pid')!r}",
+        f"c.JupyterHub.pid_file = {str(folder / 'hub.pid')!r}",
+        f"c.JupyterHub.db_url = 'sqlite:///{folder / 'jupyterhub.sqlite'}'",
+        f"c.JupyterHub.cookie_secret_file = {str(folder / 'cookie_secret')!r}",
+        "c.JupyterHub.cleanup_servers = True",
+        "c.JupyterHub.cleanup_proxy = True",
+        "c.JupyterHub.authenticator_class = CourseAuthenticator",
+        f"c.CourseAuthenticator.passwords_file = {str(folder / 'passwords')!r}",
+        f"c.Authenticator.allowed_users = {set(names)!r}",
+        "c.JupyterHub.spawner_class = CourseSpawner",
+        f"c.CourseSpawner.learners_file = {str(folder / 'learners.json')!r}",
+        f"c.Spawner.cmd = [{python!r}, '-m', 'jupyterhub.singleuser']",
+        "c.Spawner.args = ['--LabApp.expose_app_in_browser=True']",
+        f"c.Spawner.default_url = '/lab/tree/{NOTEBOOKS}'",
+        "c.Spawner.start_timeout = 180",
+        "c.Spawner.http_timeout = 180",
+        "c.LocalProcessSpawner.interrupt_timeout = 10",
+        "c.LocalProcessSpawner.term_timeout = 5",
+    ]
+    if ssl:
+        lines += [f"c.JupyterHub.ssl_cert = {ssl[0]!r}", f"c.JupyterHub.ssl_key = {ssl[1]!r}"]
+    config = folder / "jupyterhub_config.py"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def prepare(
+    names: list[str], prefix: str, profile: str, home_base: str = HOME_BASE
+) -> tuple[Path, list[dict]]:
+    """Everything but starting the hub: the users, their notebooks, passwords and shares; returns build/hub
+    and one row per learner for the table."""
+    if os.geteuid() != 0:
+        raise CourseError(
+            "the hub needs root to keep learners apart (one system user each, a server started as each of them); "
+            f'run it as root: sudo make hub USERS="{" ".join(names)}".'
+        )
+    check_access()
+    folder = hub_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    source = student_notebooks()
+    known, new = passwords(folder / "passwords", names)
+    shares = core_shares(sorted(os.sched_getaffinity(0)), len(names))
+    gpus = count_gpus()
+    print(f"hub: {models_ahead(profile, gpus)}.")
+    learners, rows = {}, []
+    for i, (name, cores) in enumerate(zip(names, shares, strict=True)):
+        user = system_user(prefix, name, home_base)
+        copied = hand_out(source, user)
+        gpu = i % gpus if gpus else None
+        learners[name] = {
+            "system": user.pw_name,
+            "home": user.pw_dir,
+            "cores": cores,
+            "environment": learner_environment(Path(user.pw_dir), cores, gpu, profile),
+        }
+        rows.append({"learner": name, "password": known[name] if name in new else "(unchanged, in build/hub/passwords)",
+                     "system user": user.pw_name, "cores": ",".join(map(str, cores)),
+                     "GPU": "-" if gpu is None else str(gpu), "notebooks copied": copied})  # fmt: skip
+    paths.write_atomic(folder / "learners.json", json.dumps(learners, indent=1))
+    os.chmod(folder / "learners.json", 0o600)
+    if gpus and len(names) > gpus:
+        print(f"hub: {len(names)} learners and {gpus} GPUs: some GPUs are shared (column GPU).")
+    return folder, rows
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in keys}
+    line = lambda values: "  ".join(str(v).ljust(width[k]) for k, v in zip(keys, values, strict=True))  # noqa: E731
+    return "\n".join([line(keys), line("-" * width[k] for k in keys), *(line(r.values()) for r in rows)])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", default=os.environ.get("USERS", ""))
+    parser.add_argument("--ip", default=os.environ.get("HUB_IP") or "127.0.0.1")
+    parser.add_argument("--port", default=os.environ.get("HUB_PORT") or "8000")
+    parser.add_argument("--prefix", default=os.environ.get("HUB_PREFIX") or PREFIX)
+    parser.add_argument("--profile", default=os.environ.get("PROFILE") or "auto")
+    parser.add_argument("--home-base", default=os.environ.get("HUB_HOME_BASE") or HOME_BASE)
+    args = parser.parse_args(argv)
+    ssl = (os.environ.get("HUB_SSL_CERT", ""), os.environ.get("HUB_SSL_KEY", ""))
+    try:
+        names = parse_users(args.users)
+        port, prefix = check_port(args.port), check_prefix(args.prefix)
+        if args.profile not in ("auto", "cpu", "gpu", "smoke"):
+            raise CourseError(
+                f"PROFILE = {args.profile!r} is not valid; choose 'auto', 'cpu', 'gpu' or 'smoke'."
+            )
+        if any(ssl) and not all(Path(p).is_file() for p in ssl):
+            raise CourseError(
+                "HUB_SSL_CERT and HUB_SSL_KEY must both name existing files (the certificate and its key)."
+            )
+        if Authenticator is None:
+            raise CourseError(
+                "jupyterhub is not installed in this Python; run `make setup` (make hub does it first)."
+            )
+        folder, rows = prepare(names, prefix, args.profile, args.home_base)
+    except CourseError as exc:
+        print(f"make hub: {exc}", file=sys.stderr)
+        return 1
+    config = write_config(
+        folder, names, args.ip, port, tuple(str(Path(p).resolve()) for p in ssl) if all(ssl) else None
+    )
+    scheme = "https" if all(ssl) else "http"
+    print(table(rows))
+    print(
+        f"\nNew passwords are shown once here and kept in {paths.relative(folder / 'passwords')} (mode 0600)."
+    )
+    print(f"The hub: {scheme}://{args.ip}:{port}/  (Ctrl-C stops it and every learner's server)", flush=True)
+    os.chdir(folder)  # what JupyterHub writes beside itself stays in build/hub
+    os.execv(sys.executable, [sys.executable, "-m", "jupyterhub", "-f", str(config)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
