@@ -3,7 +3,9 @@
 project = "Data-parallel training, from first principles to SWIFT"
 author = "the course's authors"
 copyright = "the course's authors"
-extensions = ["myst_nb"]
+# sphinx-mathjax-offline copies MathJax 3 into each edition's _static/ and points the pages at it: the site
+# loads nothing from outside (a CDN is slow or blocked for many of its readers)
+extensions = ["myst_nb", "sphinx-mathjax-offline"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]
 html_css_files = ["course.css"]

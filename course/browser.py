@@ -66,7 +66,8 @@ class Browser:
         raise TimeoutError(method)
 
     def open(self, url: str) -> dict:
-        """Load ``url``; returns {status, failed: [urls that did not load], errors: [uncaught exceptions]}."""
+        """Load ``url``; returns {status, requests: [every url it asked for], failed: [urls that did not load],
+        errors: [uncaught exceptions]}."""
         self.events.clear()
         before = self.evaluate("location.href")
         self.call("Page.navigate", session=True, url=url)
@@ -89,7 +90,7 @@ class Browser:
                    if e.get("method") == "Network.responseReceived" and e["params"]["response"]["status"] >= 400]  # fmt: skip
         errors = [e["params"]["exceptionDetails"].get("text", "") for e in self.events
                   if e.get("method") == "Runtime.exceptionThrown"]  # fmt: skip
-        return {"status": status, "failed": failed, "errors": errors}
+        return {"status": status, "requests": list(requests.values()), "failed": failed, "errors": errors}
 
     def settle(self, seconds: float = 60) -> None:
         """Wait until the page's text stops changing for a second (scripts that build the page are done)."""

@@ -19,9 +19,9 @@ def chromium():
     need_chromium()
 
 LESSONS = [nb.stem for nb in runner.course_notebooks()]
-# The one thing a page fetches from outside the site: MathJax, which typesets the notebooks' formulas
-# (offline, as here, the TeX source shows instead).
-MATHJAX = "https://cdn.jsdelivr.net/npm/mathjax@"
+SHOTS = paths.build_dir() / "book-shots"  # one screenshot per lesson and edition, kept for a person to look at
+# MathJax typesets a page's formulas after it loads: the crawl waits for it before reading the page
+MATHJAX_DONE = "window.MathJax && MathJax.startup ? MathJax.startup.promise.then(() => true) : false"
 
 PAGE_FACTS = """(() => ({
   h1: [...document.querySelectorAll('main h1, article h1')].map(h => h.textContent.trim()),
@@ -32,6 +32,8 @@ PAGE_FACTS = """(() => ({
   switch: [...document.querySelectorAll('a.language-switch')].map(a => a.href),
   prev: document.querySelector('a.left-prev') ? document.querySelector('a.left-prev').href : null,
   next: document.querySelector('a.right-next') ? document.querySelector('a.right-next').href : null,
+  math: document.querySelectorAll('.math').length,
+  typeset: document.querySelectorAll('mjx-container').length,
   text: document.body.innerText,
 }))()"""
 
@@ -58,6 +60,7 @@ def site(tmp_path_factory):
 def pages(site):
     """Every page reachable by links from both editions' start pages, crawled in Chromium: url -> facts."""
     chrome = browser.Browser()
+    SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         seen, queue = {}, [site + "en/index.html", site + "zh-CN/index.html"]
         while queue:
@@ -65,8 +68,12 @@ def pages(site):
             if url in seen:
                 continue
             loaded = chrome.open(url)
+            mathjax = chrome.evaluate(MATHJAX_DONE)
             facts = chrome.evaluate(PAGE_FACTS)
-            seen[url] = {**loaded, **facts}
+            seen[url] = {**loaded, **facts, "mathjax": mathjax}
+            edition, _, page = url.removeprefix(site).partition("/")
+            if page.removesuffix(".html") in LESSONS:  # one picture per lesson, for a person to look over
+                chrome.screenshot(SHOTS / f"{edition}-{page.removesuffix('.html')}.png")
             for link in facts["links"]:
                 target = urldefrag(link).url
                 if target.startswith(site) and target.endswith(".html") and target not in seen:
@@ -96,8 +103,9 @@ def test_every_page_renders_with_its_images_and_no_error(site, pages):
             assert lesson_url(site, edition, stem) in html, f"{edition}/{stem}.html is not linked from the site"
     for url, facts in html.items():
         assert facts["status"] == 200, url
-        unloaded = [u for u in facts["failed"] if not u.startswith(MATHJAX)]
-        assert not unloaded, f"{url}: did not load {unloaded}"
+        assert not facts["failed"], f"{url}: did not load {facts['failed']}"
+        outside = [u for u in facts["requests"] if not u.startswith((site, "data:", "blob:"))]
+        assert not outside, f"{url}: asked for something outside the site: {outside}"
         assert not facts["errors"], f"{url}: script errors {facts['errors']}"
         assert all(image["ok"] for image in facts["images"]), f"{url}: broken images"
         if "/_" not in url and not url.endswith(("genindex.html", "search.html")):
@@ -120,6 +128,20 @@ def test_every_internal_link_resolves(site, pages):
                     assert fragment in html[target]["ids"], f"{url} links to {link}: no such anchor"
             else:
                 assert urlparse(target).path.startswith(("/en/", "/zh-CN/")), f"{url}: stray link {link}"
+
+
+def test_formulas_are_typeset_by_the_sites_own_mathjax(site, pages):
+    """MathJax comes with the site (nothing from a CDN) and turns every formula into rendered math."""
+    with_math = 0
+    for edition in ("en", "zh-CN"):
+        for stem in LESSONS:
+            facts = pages[lesson_url(site, edition, stem)]
+            if facts["math"]:
+                with_math += 1
+                assert facts["mathjax"] and facts["typeset"] >= facts["math"], f"{edition}/{stem}: formulas not typeset"
+                assert not re.search(r"\\\(|\\\[|\$\$", facts["text"]), f"{edition}/{stem}: raw TeX shows"
+    assert with_math >= 4, "01's and 10's formulas are on their pages, in both editions"
+    assert len(list(SHOTS.glob("*.png"))) == 2 * len(LESSONS)
 
 
 def test_every_table_a_notebook_prints_shows_as_a_table(site, pages):
