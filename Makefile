@@ -32,7 +32,7 @@ help:
 	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
-	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: HUB_SSL_CERT, HUB_SSL_KEY); Ctrl-C stops all"
+	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: a reverse proxy in front); Ctrl-C stops all"
 	@echo "make setup    create .venv with exactly the locked packages (every target does it first)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
 	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
@@ -150,7 +150,7 @@ student: setup
 webui-shot: setup
 	@$(BIN)/python -m course.webui_shot
 
-# USERS, HUB_IP, HUB_PORT, HUB_SSL_CERT, HUB_SSL_KEY and PROFILE reach course.hub through the environment (a
+# USERS, HUB_IP, HUB_PORT and PROFILE reach course.hub through the environment (a
 # name with a quote in it is refused there, not run by the shell); exec: Ctrl-C and a `kill` of make reach
 # JupyterHub itself, which stops its proxy and every learner's server.
 hub: setup

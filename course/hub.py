@@ -11,11 +11,15 @@ mode 0600; an instructor may write their own there first, one ``name password`` 
   threads follow), and one GPU each where GPUs exist (CUDA_VISIBLE_DEVICES).
 
 The hub runs as root (only root can create those users and start a server as each of them) from the course's
-.venv, on 127.0.0.1:8000 unless HUB_IP / HUB_PORT say otherwise; HUB_SSL_CERT and HUB_SSL_KEY serve it over
-TLS. Ctrl-C, or a SIGTERM, stops the hub, its proxy and every learner's server.
+.venv, on 127.0.0.1:8000 unless HUB_IP / HUB_PORT say otherwise. Its proxy, the pure-Python
+configurable-http-proxy, serves plain HTTP only: for TLS, keep the hub on 127.0.0.1 and put a reverse proxy that
+holds the certificate (nginx, Caddy) in front of it. Ctrl-C, or a SIGTERM, stops the hub, its proxy and every
+learner's server.
 """
 
 import argparse
+import asyncio
+import contextlib
 import hmac
 import json
 import os
@@ -242,6 +246,21 @@ def learner_environment(home: Path, cores: list[int], gpu: int | None, profile: 
     return env
 
 
+def stop_processes_of(uid: int, grace: float = 5) -> int:
+    """End every process of the user ``uid`` (TERM, then KILL after ``grace`` seconds); returns how many."""
+    import psutil
+
+    mine = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+    for process in mine:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(mine, timeout=grace)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    return len(mine)
+
+
 # --- JupyterHub's side: who logs in, how a server starts --------------------------------------------------------
 
 try:
@@ -282,6 +301,13 @@ else:
 
             return preexec
 
+        async def stop(self, now=False):
+            """Stop the server, then whatever of the learner's is still running (a kernel's launch that outlived
+            it): the system user is the learner's alone, so none of their processes should outlive the hub."""
+            await super().stop(now=now)
+            uid = pwd.getpwnam(self.learner()["system"]).pw_uid
+            await asyncio.get_running_loop().run_in_executor(None, stop_processes_of, uid)
+
         def user_env(self, env):
             learner = self.learner()
             user = pwd.getpwnam(learner["system"])
@@ -293,7 +319,7 @@ else:
 # --- starting it -----------------------------------------------------------------------------------------------
 
 
-def write_config(folder: Path, names: list[str], ip: str, port: int, ssl: tuple[str, str] | None) -> Path:
+def write_config(folder: Path, names: list[str], ip: str, port: int) -> Path:
     python = sys.executable
     lines = [
         "# Written by `make hub` (course/hub.py) each time it starts; edit course/hub.py, not this file.",
@@ -323,8 +349,6 @@ def write_config(folder: Path, names: list[str], ip: str, port: int, ssl: tuple[
         "c.LocalProcessSpawner.interrupt_timeout = 10",
         "c.LocalProcessSpawner.term_timeout = 5",
     ]
-    if ssl:
-        lines += [f"c.JupyterHub.ssl_cert = {ssl[0]!r}", f"c.JupyterHub.ssl_key = {ssl[1]!r}"]
     config = folder / "jupyterhub_config.py"
     config.write_text("\n".join(lines) + "\n")
     return config
@@ -386,7 +410,6 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default=os.environ.get("PROFILE") or "auto")
     parser.add_argument("--home-base", default=os.environ.get("HUB_HOME_BASE") or HOME_BASE)
     args = parser.parse_args(argv)
-    ssl = (os.environ.get("HUB_SSL_CERT", ""), os.environ.get("HUB_SSL_KEY", ""))
     try:
         names = parse_users(args.users)
         port, prefix = check_port(args.port), check_prefix(args.prefix)
@@ -394,9 +417,10 @@ def main(argv=None) -> int:
             raise CourseError(
                 f"PROFILE = {args.profile!r} is not valid; choose 'auto', 'cpu', 'gpu' or 'smoke'."
             )
-        if any(ssl) and not all(Path(p).is_file() for p in ssl):
+        if os.environ.get("HUB_SSL_CERT") or os.environ.get("HUB_SSL_KEY"):
             raise CourseError(
-                "HUB_SSL_CERT and HUB_SSL_KEY must both name existing files (the certificate and its key)."
+                "HUB_SSL_CERT / HUB_SSL_KEY cannot be served: the hub's proxy (configurable-http-proxy for Python) "
+                "speaks plain HTTP only; keep the hub on 127.0.0.1 and put a TLS reverse proxy (nginx, Caddy) in front."
             )
         if Authenticator is None:
             raise CourseError(
@@ -406,15 +430,12 @@ def main(argv=None) -> int:
     except CourseError as exc:
         print(f"make hub: {exc}", file=sys.stderr)
         return 1
-    config = write_config(
-        folder, names, args.ip, port, tuple(str(Path(p).resolve()) for p in ssl) if all(ssl) else None
-    )
-    scheme = "https" if all(ssl) else "http"
+    config = write_config(folder, names, args.ip, port)
     print(table(rows))
     print(
         f"\nNew passwords are shown once here and kept in {paths.relative(folder / 'passwords')} (mode 0600)."
     )
-    print(f"The hub: {scheme}://{args.ip}:{port}/  (Ctrl-C stops it and every learner's server)", flush=True)
+    print(f"The hub: http://{args.ip}:{port}/  (Ctrl-C stops it and every learner's server)", flush=True)
     os.chdir(folder)  # what JupyterHub writes beside itself stays in build/hub
     os.execv(sys.executable, [sys.executable, "-m", "jupyterhub", "-f", str(config)])
 

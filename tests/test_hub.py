@@ -80,6 +80,12 @@ def test_without_root_the_hub_says_what_it_needs(monkeypatch, capsys):
     assert err.count("\n") == 0 and "needs root to keep learners apart" in err and "sudo make hub" in err
 
 
+def test_a_certificate_is_refused_with_the_way_to_tls(monkeypatch, capsys):
+    monkeypatch.setenv("HUB_SSL_CERT", "/etc/ssl/hub.pem")
+    assert hub.main(["--users", "alice"]) == 1
+    assert "put a TLS reverse proxy (nginx, Caddy) in front" in capsys.readouterr().err
+
+
 # --- the hub itself, driven in Chromium ----------------------------------------------------------------------
 
 LOGIN = """(() => {{ document.querySelector('#username_input').value = {name};
@@ -142,8 +148,9 @@ def learner_session(base: str, name: str, password: str) -> dict:
             "whoami": chrome.evaluate(
                 RUN_CODE.format(
                     code=json.dumps(
-                        "import getpass, os; print(getpass.getuser(), sorted(os.sched_getaffinity(0)), "
-                        "os.environ['COURSE_BUILD_DIR'])"
+                        "import getpass, os, subprocess; print(getpass.getuser(), sorted(os.sched_getaffinity(0)), "
+                        "os.environ['COURSE_BUILD_DIR']); "
+                        "subprocess.Popen(['sleep', '600'], start_new_session=True)  # outlives its kernel"
                     )
                 )
             ),  # fmt: skip
