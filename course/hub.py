@@ -239,6 +239,8 @@ def learner_environment(home: Path, cores: list[int], gpu: int | None, profile: 
         "COURSE_MODELS_DIR": str(build / "models"),
         "COURSE_SHARED_MODELS_DIR": str(paths.models_dir()),
         "OMP_NUM_THREADS": str(len(cores)),
+        # the course's tools (torchrun, swift, ninja) first, as under make
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
         "CUDA_VISIBLE_DEVICES": "" if gpu is None else str(gpu),
     }
     if profile != "auto":
