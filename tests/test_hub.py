@@ -171,9 +171,12 @@ def peek(base: str, name: str, password: str, other: str, other_home: str) -> di
         home = chrome.evaluate(RUN_CODE.format(code=json.dumps(
             f"import os\ntry:\n    print(os.listdir({other_home!r}))\nexcept PermissionError:\n"
             "    print('PermissionError')")))  # fmt: skip
+        model = chrome.evaluate(RUN_CODE.format(code=json.dumps(
+            "from helpers import models\nprint(models.tiny_llama().path)")))  # fmt: skip
         server = chrome.evaluate(FETCH.format(url=json.dumps(f"/user/{other}/api/contents/")))
         page = chrome.open(base + f"user/{other}/lab")["status"]
         return {
+            "model": model,
             "home": home,
             "server": server,
             "page": page,
@@ -260,6 +263,8 @@ def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own
         assert cores[0] != cores[1] or len(os.sched_getaffinity(0)) == 1, cores
         assert looked["server"] == 403 and looked["page"] == 403, looked
         assert looked["home"].strip() == "PermissionError", looked
+        # the smoke model `make hub` built ahead, read where the learner cannot write
+        assert looked["model"].strip() == str(paths.models_dir() / "tiny-llama-smoke"), looked
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)  # as `kill` of make hub
