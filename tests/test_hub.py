@@ -209,8 +209,8 @@ def remove_user(login: str) -> None:
 def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own(tmp_path):
     need_chromium()
     if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the hub's test needs root (one system user per learner), and CI runs as root")
+        if os.environ.get("CI") == "true" and os.environ.get("GITHUB_ACTIONS") != "true":  # GitHub's runner is no root
+            pytest.fail("the hub's test needs root (one system user per learner), and CI (.ci/run) runs as root")
         pytest.skip("the hub needs root to create one system user per learner; run the tests as root")
     prefix = f"t{uuid.uuid4().hex[:6]}-"
     names = ["alice", "bob"]
