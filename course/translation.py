@@ -25,6 +25,28 @@ CATALOGS = paths.ROOT / "locale" / LANGUAGE / "LC_MESSAGES"
 EDITION = paths.NOTEBOOKS / "zh"
 FUZZY = "fuzzy"
 
+# Forms a translation must not use, each with what to write instead: one Chinese term per idea (the
+# glossary's), GPU memory as 显存, and every kernel qualified so that the three kinds never blur.
+WRONG_FORMS: tuple[tuple[str, str], ...] = (
+    (r"白白", "无需额外代价 (白白 means 'in vain')"),
+    (r"DataParallel[^。；\n]{0,30}工作进程", "线程: DataParallel runs one thread per device in one process"),
+    (r"模拟线缆", "模拟链路"),
+    (r"替身", "替代实现"),
+    (r"身份数据行|自我认知数据行", "自我认知样本"),
+    (r"汇合", "会合 (rendezvous)"),
+    (r"检查程序", "检查器"),
+    (r"没有虚假声明", "无虚假身份 (no false claim)"),
+    (r"滑动统计量", "运行统计量 (running statistics)"),
+    (r"(?:GPU|显卡|CUDA)[^，。；：、,.;:\n]{0,4}内存|内存[^，。；：、,.;:\n]{0,4}(?:GPU|显卡|CUDA)",
+     "显存 for GPU memory (内存 is host RAM only)"),
+    (r"(?<!Jupyter )(?<!操作系统)内核", "Jupyter 内核 or 操作系统内核 (a kernel is always qualified)"),
+    (r"(?<!CUDA )核函数", "CUDA 核函数 (a kernel is always qualified)"),
+    (r"原始资料", "原教程 (the seed document)"),
+    (r"对损失是线性的", "求梯度是线性运算"),
+    (r"主副本", "主权重 (master weights)"),
+)
+CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"  # ideographs and full-width punctuation
+
 
 def catalog_path(notebook: Path) -> Path:
     return CATALOGS / f"{Path(notebook).stem}.po"
@@ -132,6 +154,38 @@ def mismatch(english: str, chinese: str) -> str:
     return "; ".join(said)
 
 
+def wrong_forms(chinese: str) -> list[tuple[str, str]]:
+    """(what ``chinese`` writes, what to write instead) for each of WRONG_FORMS its prose uses."""
+    text = glossary.prose(chinese)
+    return [(m.group(0), instead) for pattern, instead in WRONG_FORMS for m in re.finditer(pattern, text)]
+
+
+def _structural(line: str) -> bool:
+    """A line that is not running prose: heading, table row, list item, quote, HTML, math or indented."""
+    return (line.startswith(("    ", "\t", "#", "|", ">", "<", "$$")) or re.match(r"\s*([-*+]|\d+[.)]) ", line) is not None)
+
+
+def soft_breaks(chinese: str) -> list[str]:
+    """The places where a paragraph of ``chinese`` breaks its line between two CJK characters (outside fenced
+    code, display math, tables and lists): the break renders as a space, which Chinese text never has there."""
+    lines = chinese.split("\n")
+    inside, fenced, math = [], False, False  # inside[i]: line i belongs to fenced code or display math
+    for line in lines:
+        fence = line.lstrip().startswith("```")
+        inside.append(fenced or math or fence or "$$" in line)
+        fenced ^= fence
+        math ^= line.count("$$") % 2 == 1 and not fenced
+    found = []
+    for i, (above, below) in enumerate(zip(lines, lines[1:], strict=False)):
+        if inside[i] or inside[i + 1] or not above.strip() or not below.strip():
+            continue
+        if _structural(above) or _structural(below):
+            continue
+        if re.match(f"[{CJK}]", above[-1]) and re.match(f"[{CJK}]", below[0]):
+            found.append(f"{above[-12:]}⏎{below[:12]}")
+    return found
+
+
 def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
     """One sentence per markdown cell of ``notebook`` that its catalog does not translate as it is now."""
     notebook = Path(notebook)
@@ -157,6 +211,12 @@ def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
             if differs:
                 found.append(f"{where}: the translation must keep the English's code, links, math, headings, "
                              f"tables and lists: {differs}.")
+            for wrong, instead in wrong_forms(entry.msgstr):
+                found.append(f"{where}: the translation writes {wrong!r}; write {instead} "
+                             f"(course/translation.py, WRONG_FORMS).")
+            for place in soft_breaks(entry.msgstr):
+                found.append(f"{where}: a line break inside a Chinese paragraph ({place!r}) shows as a space; "
+                             f"join the two lines.")
             for term in glossary.missing(text, entry.msgstr):
                 found.append(f"{where}: the English says {term.english_forms[0]!r}; the translation should use "
                              f"the glossary's {' or '.join(map(repr, term.chinese_forms))} (data/glossary.csv).")

@@ -122,6 +122,72 @@ def test_the_skeleton_allows_reordering_and_translated_link_text():
     assert translation.mismatch(english, "先看[指南](x.md)，再用 `b` 之前的 `a`。") == ""
 
 
+@pytest.mark.parametrize(
+    "chinese, instead",
+    [
+        ("无需额外代价就省下，而不是白白省下", "无需额外代价"),
+        ("DataParallel 为每块 GPU 开一个工作进程", "线程"),
+        ("第 04 课的模拟线缆", "模拟链路"),
+        ("写入一个替身", "替代实现"),
+        ("十六条身份数据行", "自我认知样本"),
+        ("各进程在这里汇合", "会合"),
+        ("检查程序会尝试 k = 1 … 8", "检查器"),
+        ("**没有虚假声明**", "无虚假身份"),
+        ("BatchNorm 的滑动统计量", "运行统计量"),
+        ("每块 GPU 的内存", "显存"),
+        ("显卡内存不足", "显存"),
+        ("停掉其他内核", "Jupyter 内核"),
+        ("NCCL 的核函数", "CUDA 核函数"),
+        ("原始资料这样说", "原教程"),
+    ],
+)
+def test_a_known_wrong_form_is_named_with_what_to_write_instead(chinese, instead):
+    (found,) = translation.wrong_forms(chinese)
+    assert instead in found[1]
+
+
+def test_right_forms_and_code_are_not_wrong_forms():
+    right = ("检查器在本 Jupyter 内核中运行；操作系统内核的调度器；NCCL 的 CUDA 核函数；主机的内存，GPU 的显存；"
+             "DataParallel 为每个设备开一个线程；各进程在 `MASTER_ADDR` 会合；`汇合` 在代码里不算。")  # fmt: skip
+    assert translation.wrong_forms(right) == []
+
+
+def test_a_wrong_form_stops_the_build_and_names_the_cell(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["# Title", "The checker tries n = 1 … 8."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "# 标题", "m1": "检查程序会尝试 n = 1 … 8，也就是检查器。"})
+    (problem,) = translation.problems(nb)
+    assert "cell m1" in problem and "'检查程序'" in problem and "write 检查器" in problem
+    with pytest.raises(CourseError, match="检查程序"):
+        translation.build(nb)
+
+
+@pytest.mark.parametrize(
+    "chinese, breaks",
+    [
+        ("第一句话写到这里，\n第二句接着写。", 1),
+        ("一段话。\n\n另一段话。", 0),  # a blank line: two paragraphs
+        ("## 标题\n正文。", 0),
+        ("- 列表项\n- 第二项", 0),
+        ("| 列 | 列 |\n|---|---|\n| 中 | 文 |", 0),
+        ("```\n# 注释\n中文\n```", 0),
+        ("$$\n中\n文\n$$", 0),
+        ("Run `x`\nthen `y`.", 0),  # English prose may wrap
+        ("用 `torchrun`\n启动。", 0),  # a break after code is not between two CJK characters
+    ],
+)
+def test_a_soft_line_break_inside_a_chinese_paragraph_is_found(chinese, breaks):
+    assert len(translation.soft_breaks(chinese)) == breaks
+
+
+def test_a_soft_line_break_stops_the_build(sandbox):
+    nb = small_notebook(sandbox / "01_x.ipynb", ["The gradient is averaged over\nthe workers."])
+    translation.update(nb)
+    translate_all(nb, {"m0": "梯度在各工作进程\n之间取平均。"})
+    (problem,) = translation.problems(nb)
+    assert "cell m0" in problem and "line break inside a Chinese paragraph" in problem
+
+
 def test_glossary_terms_are_checked_outside_code():
     (term,) = [t for t in glossary.terms() if t.english == "all-reduce"]
     assert term in glossary.missing("The all-reduces overlap.", "它们在重叠。")
