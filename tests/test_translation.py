@@ -1,7 +1,10 @@
 """The Chinese edition: catalogs that cannot go stale silently, and notebooks/zh/ that equal their English source."""
 
 import json
+import re
 import shutil
+from collections import Counter
+from pathlib import Path
 
 import nbformat
 import polib
@@ -312,3 +315,88 @@ def test_every_bold_phrase_renders_in_both_editions():
                     opens = not inner[0].isspace() and (not _punctuation(inner[0]) or before.isspace() or _punctuation(before))
                     closes = not inner[-1].isspace() and (not _punctuation(inner[-1]) or after.isspace() or _punctuation(after))
                     assert opens and closes, f"{path.name} {cell.get('id')}: {m.group(0)!r} does not render bold"
+
+
+def _fenced_blocks(markdown: str) -> list[str]:
+    return re.findall(r"^```.*?^```", markdown, flags=re.S | re.M)
+
+
+def _heading_levels(markdown: str) -> Counter:
+    outside = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    return Counter(len(m.group(1)) for m in re.finditer(r"^(#+) ", outside, flags=re.M))
+
+
+def _chinese_counterpart(target: str, page: Path) -> str:
+    """The link target a Chinese page uses for ``target`` of the English ``page``: README.md -> README.zh-CN.md,
+    x.md -> x.zh-CN.md and notebooks/NN.ipynb -> notebooks/zh/NN.ipynb, where that file exists; else ``target``."""
+    path, anchor = (target.split("#", 1) + [""])[:2]
+    if path.startswith(("http://", "https://")) or not path:
+        return target
+    where = Path(path)
+    if where.suffix == ".md":
+        other = where.with_name(f"{where.stem}.zh-CN.md")
+    elif where.suffix == ".ipynb" and where.parent.name == "notebooks":
+        other = where.parent / "zh" / where.name
+    else:
+        return target
+    if not (page.parent / other).exists():
+        return target
+    return str(other) + (f"#{anchor}" if anchor else "")
+
+
+GPU_PAGE = translation.paths.ROOT / "docs" / "gpu.md"
+GPU_PAGE_ZH = translation.paths.ROOT / "docs" / "gpu.zh-CN.md"
+SWITCH_EN, SWITCH_ZH = "English · [中文](gpu.zh-CN.md)\n\n", "[English](gpu.md) · 中文\n\n"
+
+
+def gpu_page_problems(english: str, chinese: str) -> list[str]:
+    """What docs/gpu.zh-CN.md (``chinese``) fails to keep of docs/gpu.md (``english``), one sentence each."""
+    found = []
+    if SWITCH_EN not in english or SWITCH_ZH not in chinese:
+        found.append("each page links the other near its top: 'English · [中文](gpu.zh-CN.md)' and '[English](gpu.md) · 中文'")
+    english, chinese = english.replace(SWITCH_EN, "", 1), chinese.replace(SWITCH_ZH, "", 1)
+    en_blocks, zh_blocks = _fenced_blocks(english), _fenced_blocks(chinese)
+    if en_blocks != zh_blocks:
+        found.append(f"fenced code differs: {len(en_blocks)} block(s) in English, {len(zh_blocks)} in Chinese, "
+                     f"first differing: {next((e for e, z in zip(en_blocks, zh_blocks, strict=False) if e != z), None)!r}")
+    if _heading_levels(english) != _heading_levels(chinese):
+        found.append(f"headings per level: English {dict(_heading_levels(english))}, Chinese {dict(_heading_levels(chinese))}")
+    en_prose, zh_prose = (re.sub(r"```.*?```", " ", text, flags=re.S) for text in (english, chinese))
+    targets = re.findall(r"\]\(([^)]+)\)", en_prose)
+    expected = [_chinese_counterpart(target, GPU_PAGE) for target in targets]
+    zh_targets = re.findall(r"\]\(([^)]+)\)", zh_prose)
+    if expected != zh_targets:
+        found.append(f"link targets: {zh_targets}, where the English's with their Chinese counterparts are {expected}")
+    mapped = en_prose
+    for target in set(targets):
+        mapped = mapped.replace(f"]({target})", f"]({_chinese_counterpart(target, GPU_PAGE)})")
+    differs = translation.mismatch(mapped, zh_prose)
+    if differs:
+        found.append(f"code spans, links, tables or lists differ: {differs}")
+    found += [f"writes {wrong!r}; write {instead}" for wrong, instead in translation.wrong_forms(chinese)]
+    found += [f"a line break inside a Chinese paragraph: {place!r}" for place in translation.soft_breaks(chinese)]
+    found += [f"the glossary's {' or '.join(t.chinese_forms)} for {t.english_forms[0]!r}" for t in glossary.missing(english, chinese)]
+    return found
+
+
+def test_the_chinese_gpu_page_keeps_the_english_pages_code_headings_and_links():
+    """docs/gpu.zh-CN.md: docs/gpu.md's fenced code (same blocks, same order), headings, code spans, tables, lists
+    and link targets (a page with a Chinese counterpart linked as that), in the course's Chinese terms."""
+    english, chinese = GPU_PAGE.read_text(encoding="utf-8"), GPU_PAGE_ZH.read_text(encoding="utf-8")
+    assert gpu_page_problems(english, chinese) == []
+    assert "](docs/gpu.zh-CN.md)" in (translation.paths.ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda zh: zh.replace("make gpu-check NPROC=1    #", "make gpu-check NPROC=2    #"),  # a code block differs
+        lambda zh: zh.replace("## 安装", "### 安装"),  # a heading changes level
+        lambda zh: zh.replace("](install.md)", "](running.md)"),  # a link points elsewhere
+        lambda zh: zh.replace("显存峰值", "GPU 内存峰值"),  # a known-wrong form
+    ],
+)
+def test_the_gpu_page_check_sees_a_change(change):
+    english, chinese = GPU_PAGE.read_text(encoding="utf-8"), GPU_PAGE_ZH.read_text(encoding="utf-8")
+    changed = change(chinese)
+    assert changed != chinese and gpu_page_problems(english, changed)
