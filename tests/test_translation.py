@@ -400,3 +400,9 @@ def test_the_gpu_page_check_sees_a_change(change):
     english, chinese = GPU_PAGE.read_text(encoding="utf-8"), GPU_PAGE_ZH.read_text(encoding="utf-8")
     changed = change(chinese)
     assert changed != chinese and gpu_page_problems(english, changed)
+
+
+def test_the_chinese_readme_has_no_line_break_inside_a_sentence():
+    """A newline between two Chinese characters shows as a stray space in a rendered paragraph."""
+    text = (translation.paths.ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    assert not translation.soft_breaks(text), translation.soft_breaks(text)
