@@ -67,7 +67,7 @@ unit-main:
 unit-scripts:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/scripts $(BIN)/python -m pytest -p no:cacheprovider -ra $(SCRIPTS_TEST)
 
-# two learners on `make hub` in Chromium (about a minute): in the notebooks' stream, the shorter one
+# two learners on `make hub` in Chromium (about a minute): in the unit tests' stream, the shorter one
 unit-hub:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/hub $(BIN)/python -m pytest -p no:cacheprovider -ra $(HUB_TEST)
 
@@ -80,10 +80,10 @@ gpu-shape-1 gpu-shape-2:
 
 # make test's two streams, about equally long on 2 cores; each runs all its parts even when one fails
 stream-units:
-	@status=0; for part in unit-main gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in unit-main gpu-shape-2 unit-long unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; for part in gpu-shape-1 notebooks unit-scripts unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in gpu-shape-1 notebooks unit-scripts; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
 # tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
@@ -93,7 +93,7 @@ notebooks: setup
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
 
 # make test: lint, then two streams side by side, one per core: the unit tests, then make gpu-check in its
-# gpu shape for 2 processes, then LONG; and the same for 1 process, then the notebooks.
+# gpu shape for 2 processes, then LONG and the hub; and the same for 1 process, then the notebooks and scripts.
 test: lint
 	@echo "two streams side by side: unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks (each stream's output follows when it ends) ..."
 	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
