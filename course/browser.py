@@ -22,14 +22,19 @@ def chromium() -> str | None:
     return next((found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))), None)
 
 
+# local_only: every request that leaves 127.0.0.1 goes to a proxy that is not there (port 9, discard), so
+# it fails; Chromium never proxies loopback, so the pages served here still load
+LOCAL_ONLY = ["--proxy-server=http://127.0.0.1:9"]
+
+
 class Browser:
-    def __init__(self, timeout: float = 60):
+    def __init__(self, timeout: float = 60, local_only: bool = False):
         binary = chromium()
         if binary is None:
             raise RuntimeError("no Chromium is installed; on Debian or Ubuntu: apt-get install -y chromium.")
         self.profile = tempfile.mkdtemp(prefix="course-chromium-")
         self.process = subprocess.Popen(
-            [binary, *FLAGS, f"--user-data-dir={self.profile}",
+            [binary, *FLAGS, *(LOCAL_ONLY if local_only else []), f"--user-data-dir={self.profile}",
              "--remote-debugging-port=0", "--window-size=1280,900", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         active = Path(self.profile) / "DevToolsActivePort"

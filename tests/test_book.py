@@ -58,8 +58,9 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pages(site):
-    """Every page reachable by links from both editions' start pages, crawled in Chromium: url -> facts."""
-    chrome = browser.Browser()
+    """Every page reachable by links from both editions' start pages, crawled in Chromium with every request
+    that leaves 127.0.0.1 blocked: url -> facts."""
+    chrome = browser.Browser(local_only=True)
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         seen, queue = {}, [site + "en/index.html", site + "zh-CN/index.html"]
@@ -87,6 +88,10 @@ def pages(site):
                 " const n = document.querySelectorAll('#search-results li').length;"
                 " if (n || Date.now() - t0 > 15000) r(n); else setTimeout(wait, 200); })(); })")  # fmt: skip
         seen["search"] = found
+        # the block holds: a request outside fails, one to the site still loads
+        seen["outside"] = chrome.evaluate(
+            "Promise.all(['http://example.com/', location.href].map(u => fetch(u, {mode: 'no-cors'})"
+            ".then(() => 'loaded', () => 'blocked')))")  # fmt: skip
     finally:
         chrome.close()
     return seen
@@ -97,7 +102,7 @@ def lesson_url(site, edition, stem):
 
 
 def test_every_page_renders_with_its_images_and_no_error(site, pages):
-    html = {url: facts for url, facts in pages.items() if url != "search"}
+    html = {url: facts for url, facts in pages.items() if url not in ("search", "outside")}
     for edition in ("en", "zh-CN"):
         for stem in [*LESSONS, "index", "report"]:
             assert lesson_url(site, edition, stem) in html, f"{edition}/{stem}.html is not linked from the site"
@@ -116,7 +121,7 @@ def test_every_page_renders_with_its_images_and_no_error(site, pages):
 
 
 def test_every_internal_link_resolves(site, pages):
-    html = {url: facts for url, facts in pages.items() if url != "search"}
+    html = {url: facts for url, facts in pages.items() if url not in ("search", "outside")}
     for url, facts in html.items():
         for link in facts["links"]:
             target, fragment = urldefrag(link)
@@ -128,6 +133,10 @@ def test_every_internal_link_resolves(site, pages):
                     assert fragment in html[target]["ids"], f"{url} links to {link}: no such anchor"
             else:
                 assert urlparse(target).path.startswith(("/en/", "/zh-CN/")), f"{url}: stray link {link}"
+
+
+def test_the_crawl_reaches_nothing_outside_the_site(pages):
+    assert pages["outside"] == ["blocked", "loaded"]
 
 
 def test_formulas_are_typeset_by_the_sites_own_mathjax(site, pages):
@@ -205,7 +214,7 @@ def test_search_finds_a_word_in_each_language(pages):
 
 def test_links_out_of_the_site_are_only_to_the_web(site, pages):
     for url, facts in pages.items():
-        if url == "search":
+        if url in ("search", "outside"):
             continue
         for link in facts["links"]:
             assert link.startswith((site, "http://", "https://", "mailto:", "javascript:")), f"{url}: {link}"
