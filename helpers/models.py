@@ -122,13 +122,13 @@ def check(directory: Path) -> str | None:
     return None
 
 
-def model_dir(folder: str, force: bool = False) -> Path:
-    """Where the course model ``folder`` is, or is to be built: in build/models (``paths.models_dir()``), unless
-    only the shared, read-only folder (``paths.shared_models_dir()``) holds a complete one."""
+def course_model(folder: str, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
+    """The course model ``folder``: the shared, read-only one (``paths.shared_models_dir()``) when only it is
+    complete, else build/models' own (``paths.models_dir()``), built there once with :func:`build_once`."""
     own, shared = paths.models_dir() / folder, paths.shared_models_dir()
     if not force and check(own) is not None and shared is not None and check(shared / folder) is None:
         return shared / folder
-    return own
+    return build_once(own, build, force=force, log=log)
 
 
 def build_once(target: Path, build: Callable[[Path], None], *, force: bool = False, log=print) -> Path:
@@ -198,9 +198,7 @@ def _convert_smollm2(out: Path) -> None:
 
 def smollm2(force: bool = False) -> ModelInfo:
     """SmolLM2-135M-Instruct as a plain transformers directory (converted once, ~30 s)."""
-    target = model_dir(SMOLLM2_DIR, force)
-    if target.parent != paths.shared_models_dir():
-        build_once(target, _convert_smollm2, force=force)
+    target = course_model(SMOLLM2_DIR, _convert_smollm2, force=force)
     return ModelInfo(
         name="SmolLM2-135M-Instruct",
         path=str(target),
@@ -285,9 +283,7 @@ def _build_tiny(out: Path, architecture: str) -> None:
 
 
 def _tiny(folder: str, architecture: str, name: str, force: bool) -> ModelInfo:
-    target = model_dir(folder, force)
-    if target.parent != paths.shared_models_dir():
-        build_once(target, lambda out: _build_tiny(out, architecture), force=force, log=lambda *_: None)
+    target = course_model(folder, lambda out: _build_tiny(out, architecture), force=force, log=lambda *_: None)
     model_type, template = _COURSE_MODELS[folder]
     return ModelInfo(
         name=name,
