@@ -115,7 +115,7 @@ clean:
 		build/report.md build/report.json build/index.html
 	@echo "Removed the run outputs in build/. Kept build/models (converted models), build/outputs"
 	@echo "(adapters, checkpoints, merged models you trained) and build/scripts (the scripts the notebooks"
-	@echo "write, and yours: 06.7's my_ddp_train.py): delete those by hand if you mean to."
+	@echo "write, and yours: 06.3's my_ddp_train.py): delete those by hand if you mean to."
 
 prune: setup
 	@$(BIN)/python -m course.runner prune --keep "$(KEEP)"

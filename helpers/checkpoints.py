@@ -11,12 +11,6 @@ import torch
 TMP_MARK = ".tmp-"  # temporary checkpoint files are named .<name>.tmp-<pid>
 
 
-def resume_point(step: int, steps_per_epoch: int, accum: int) -> tuple[int, int]:
-    """Where a run restarted after ``step`` optimizer steps picks up: (epoch, micro-batches to skip in it)."""
-    epoch, done = divmod(step, steps_per_epoch)
-    return epoch, done * accum
-
-
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

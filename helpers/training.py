@@ -84,18 +84,6 @@ def node_env(profile, node_rank: int) -> dict:
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
 
 
-# --- what DDP sends ---------------------------------------------------------------------------------------
-
-
-def allreduce_bytes(steps: int, accum: int, grad_bytes: int, no_sync: bool) -> int:
-    """Bytes each rank hands to all-reduce for ``steps`` optimizer steps of ``accum`` micro-batches each.
-
-    Every synchronised backward all-reduces every gradient once; no_sync leaves all but the last
-    micro-batch of a step unsynchronised.
-    """
-    return steps * grad_bytes * (1 if no_sync else accum)
-
-
 # --- timing -------------------------------------------------------------------------------------------------
 
 

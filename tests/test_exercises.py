@@ -416,7 +416,7 @@ def ckpt(layers, layer_mb, input_mb, checkpointed):
 
 
 class Script(os.PathLike):
-    """A learner's script for 06.7, given as its text: written under the test's build folder when the checker
+    """A learner's script for 06.3, given as its text: written under the test's build folder when the checker
     opens it."""
 
     def __init__(self, text: str):
@@ -430,8 +430,8 @@ class Script(os.PathLike):
         return str(path)
 
 
-def _solution_06_7() -> str:
-    """The script of 06.7's solution cell, as the notebook holds it."""
+def _solution_06_3() -> str:
+    """The script of 06.3's solution cell, as the notebook holds it."""
     import ast
 
     import nbformat
@@ -441,12 +441,12 @@ def _solution_06_7() -> str:
     return ast.literal_eval(assign.value)
 
 
-SCRIPT_06_7 = _solution_06_7()
+SCRIPT_06_3 = _solution_06_3()
 
 
 def ddp_script(**change) -> Script:
-    """06.7's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
-    text = SCRIPT_06_7
+    """06.3's solution with one realistic mistake: ``change`` maps a line of it to what replaces it."""
+    text = SCRIPT_06_3
     for old, new in change.items():
         assert old in text, old
         text = text.replace(old, new)
@@ -612,41 +612,7 @@ EXERCISES = {
         returns,
         bad_values=(math.nan, "1.5", None),
     ),
-    "06.1": Exercise(
-        (334, 2),
-        [
-            ((333, 1), "ceil(1000 / 3)"),
-            ((334, 1), "1002 slots"),
-            ((333, 0), "ceil(1000 / 3)"),
-            ((1002, 2), "all 3 ranks together"),
-            ((1000 / 3, 2), "whole number"),
-            ([334, 2], "a tuple"),
-        ],
-        lambda v: (v, 2),
-    ),
-    "06.2": Exercise(
-        training.allreduce_bytes,
-        [
-            (lambda s, a, g, n: s * g * a, "only the last micro-batch"),
-            (lambda s, a, g, n: s * g * (a if n else 1), "only the last micro-batch"),
-            (lambda s, a, g, n: s * g, "every micro-batch's backward syncs"),
-            (lambda s, a, g, n: g * (1 if n else a), "your function says"),
-            (lambda s, a, g, n: s * g * ((a - 1) if n else a), "your function says"),
-        ],
-        returns,
-    ),
-    "06.3": Exercise(
-        checkpoints.resume_point,
-        [
-            (lambda s, spe, a: (s // spe, s % spe), "counts micro-batches"),
-            (lambda s, spe, a: (s // spe, s * a), "not"),
-            (lambda s, spe, a: (s // spe + 1, s % spe * a), "count from 0"),
-            (lambda s, spe, a: (s * a // spe, s % spe * a), "not"),
-            (lambda s, spe, a: [s // spe, s % spe * a], "a tuple"),
-        ],
-        lambda v: returns((v, 0)),
-    ),
-    "06.4": Exercise(
+    "05.3": Exercise(
         accumulation_step,
         [
             (lambda net, opt, mb: accumulation_step(net, opt, mb, sync_forward=True), "inside no_sync()"),
@@ -660,7 +626,7 @@ EXERCISES = {
         step_then_fill,
         bad_values=(math.nan, math.inf, -math.inf),  # it acts in place: what it returns is not used
     ),
-    "06.5": Exercise(
+    "06.1": Exercise(
         epoch_orders,
         [
             (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, tell=False), "set_epoch(epoch) tells it"),
@@ -690,7 +656,7 @@ EXERCISES = {
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
     ),
-    "06.6": Exercise(
+    "06.2": Exercise(
         checkpoint,
         [
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, opt=False), "Adam's moments"),
@@ -702,8 +668,8 @@ EXERCISES = {
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
     ),
-    "06.7": Exercise(
-        Script(SCRIPT_06_7),
+    "06.3": Exercise(
+        Script(SCRIPT_06_3),
         [
             (ddp_script(**{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}),
              "give the DataLoader a DistributedSampler"),
@@ -907,7 +873,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "06.4", "05.2", "06.6", "06.7"}
+ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 
 def verdict(capsys, exercise, answer):
@@ -984,7 +950,7 @@ def test_a_distributed_exercise_left_as_a_stub_is_not_answered_at_once_and_a_mis
     for name in sorted(ON_RANKS):
         assert not check(name, stub)
     assert capsys.readouterr().out.count("not answered yet") == len(ON_RANKS)
-    assert check("06.4", lambda net, optimizer, micro: accumulation_step(net, optimizer, micro) or "done")
+    assert check("05.3", lambda net, optimizer, micro: accumulation_step(net, optimizer, micro) or "done")
 
     def forgot_return(tensor):
         in_two(tensor)
@@ -1095,7 +1061,7 @@ NOTEBOOK_STATE = {
     "troubleshooting": troubleshooting,
     "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
 }
-STARTS_WRONG = {"06.5": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
+STARTS_WRONG = {"06.1": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
 RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0"}  # results of the notebook's own run
 
 

@@ -52,7 +52,7 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
 }  # fmt: skip
 TEACHES = {"sharded_train.py": {"deepspeed"}}  # the library a script's lesson is about, beside torch
 LESSON_SCRIPTS = ("01", "02", "03", "04", "05", "06", "07")  # every script these notebooks write is one to take away...
-SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 06.7, which the learner finishes
+SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 06.3, which the learner finishes
 
 
 def top_level_imports(source: str) -> set[str]:

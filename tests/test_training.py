@@ -56,13 +56,6 @@ def test_sampler_pads_uneven_data_with_repeats():
     assert not sampling.disjoint_cover(shards, 1000)
 
 
-def test_resume_point():
-    assert checkpoints.resume_point(0, 4, 2) == (0, 0)
-    assert checkpoints.resume_point(3, 4, 2) == (0, 6)
-    assert checkpoints.resume_point(4, 4, 2) == (1, 0)
-    assert checkpoints.resume_point(9, 4, 3) == (2, 3)
-
-
 def test_knob_checks_stop_with_one_sentence():
     assert training.check_layout(64, 2, 8, 2) == 2
     for call, words in (

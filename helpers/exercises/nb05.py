@@ -1,4 +1,4 @@
-"""Notebook 05's exercise checkers: TinyDDP's gradient path on three ranks against torch's DDP, an fp16 compression hook."""
+"""Notebook 05's exercise checkers: TinyDDP's gradient path on three ranks against torch's DDP, an fp16 compression hook, gradient accumulation with no_sync."""
 
 from __future__ import annotations
 
@@ -291,3 +291,67 @@ def _fp16_hook(fn):
         "cast the bucket to float16, divide that copy by the world size, all-reduce it asynchronously, and "
         "copy the result back into bucket.buffer() in a .then() callback."
     )
+
+
+@checker("05.3")
+def _accumulation_step(fn):
+    """A function (net, optimizer, micro_batches) -> None: one optimizer step over the micro-batches, with
+    DDP's all-reduce once, at the last one."""
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+
+    def rank_part(rank, world):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        g = torch.Generator().manual_seed(rank)
+        micro = [
+            (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
+            for _ in range(4)
+        ]
+        reduced = []
+
+        def counting(state, bucket):
+            reduced.append(bucket.index())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        yours, reference = DDP(toy_model(hidden=64)), DDP(toy_model(hidden=64))
+        yours.register_comm_hook(None, counting)
+        opt_yours = torch.optim.SGD(yours.parameters(), lr=0.1)
+        opt_reference = torch.optim.SGD(reference.parameters(), lr=0.1)
+        fn(yours, opt_yours, micro)  # it steps the model in place; whatever it returns is not used
+        x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])  # one batch of them all
+        opt_reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        opt_reference.step()
+        gap = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), reference.parameters(), strict=True)
+        )
+        moved = max(
+            float((a - b).detach().abs().max())
+            for a, b in zip(yours.parameters(), toy_model(hidden=64).parameters(), strict=True)
+        )
+        if moved == 0:
+            raise NotAnswered("the weights did not change: accumulation_step must call optimizer.step().")
+        return {
+            "all_reduces": len(reduced),
+            "buckets": len(set(reduced)),
+            "gap": gap,
+        }
+
+    try:
+        results = on_ranks(rank_part, 2, timeout=30)
+    except CourseError as error:
+        return False, str(error)
+    first = results[0]
+    if first["all_reduces"] > first["buckets"]:
+        return False, (
+            f"DDP all-reduced {first['all_reduces']} buckets for one optimizer step, not {first['buckets']}: the "
+            "forward pass must be inside no_sync() as well, since DDP decides in forward whether backward syncs."
+        )
+    if not all(r["gap"] <= 1e-6 for r in results):  # NaN weights fail too
+        return False, (
+            f"the weights differ from one step on all the micro-batches at once by {max(r['gap'] for r in results):.3g}: "
+            "divide each micro-batch's loss by their number, zero the gradients once, and step once at the end."
+        )
+    return True, "One all-reduce per optimizer step, and the same update as one large batch."

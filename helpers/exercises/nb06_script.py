@@ -1,4 +1,4 @@
-"""Notebook 06's exercise 06.7: a DDP training script written from scratch, run under torchrun and compared with its run done by hand.
+"""Notebook 06's exercise 06.3: a DDP training script written from scratch, run under torchrun and compared with its run done by hand.
 
 The learner's script trains ``nn.Linear`` on the data file it is given, with ``DistributedSampler``
 (shuffled, seed 0, ``set_epoch`` every epoch), DDP and SGD on ``F.mse_loss``, and rank 0 saves the bare
@@ -90,7 +90,7 @@ def gap(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in b)
 
 
-@checker("06.7")
+@checker("06.3")
 def _script_from_scratch(answer):
     """The path of the learner's script: launched on 2 ranks, its saved weights compared with the run by hand."""
     import os
