@@ -78,6 +78,9 @@ class WebUI:
 
     def start(self) -> WebUI:
         argv = [
+            "nice",  # the lowest priority: it loads beside training and takes only what training leaves idle
+            "-n",
+            "19",
             "swift",
             "web-ui",
             "--lang",
@@ -94,6 +97,7 @@ class WebUI:
             env["GRADIO_ROOT_PATH"] = self.proxy_path
         self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
         self.launch.start()
+        launching.lower_session_priority(self.launch.proc.pid)
         atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails
         return self
 

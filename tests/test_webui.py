@@ -126,11 +126,12 @@ def test_training_page_says_when_nothing_serves_a_gradio_config():
 def test_swift_web_ui_serves_swifts_training_page_and_stops_leaving_no_process():
     """09, section 8: the Web-UI the lesson starts answers HTTP 200 with SWIFT's training page, whose Model
     field holds the hub's Qwen2.5-7B-Instruct (as 09's text says), a browser sees the training tab (the
-    picture `make webui-shot` keeps in 09), and stop() leaves none of its processes."""
+    picture `make webui-shot` keeps in 09), every process of it ran at nice 19, and stop() leaves none."""
     need_chromium()
     webui = web.WebUI().start()
     try:
         status, _ = webui.wait(timeout=240)
+        niceness = {os.getpriority(os.PRIO_PROCESS, pid) for pid in webui.pids}  # it loaded at the lowest priority
         page = web.training_page(webui.url)
         picture, text = webui_shot.photograph(webui)
     finally:
@@ -138,6 +139,7 @@ def test_swift_web_ui_serves_swifts_training_page_and_stops_leaving_no_process()
     assert "LLM PT/SFT" in text and "Train type" in text, text[:300]
     assert_a_page_picture(picture)
     assert status == 200 and left == 0
+    assert niceness == {19}, niceness
     assert web.http_status(webui.url, timeout=2) is None
     fields = page["fields"]
     assert page["tab"] == "LLM PT/SFT" and "--tuner_type" in fields["tuner_type"]["label"]
