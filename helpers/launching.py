@@ -192,22 +192,6 @@ def kill_tree(pid: int, grace: float = 3.0) -> int:
     return len(seen)
 
 
-def lower_session_priority(pid: int, nice: int = 19) -> None:
-    """Let the session ``pid`` leads take only the CPU time that others leave.
-
-    Each launch is a session of its own, and Linux's autogroup scheduler (on where
-    ``/proc/sys/kernel/sched_autogroup_enabled`` is 1) shares the CPU between sessions first and only
-    then between the processes of one, so a process's own nice value is not enough there: the session's is
-    set too, in ``/proc/<pid>/autogroup``. Started under ``nice -n 19``, a Web-UI loading in the background
-    took 0 s from a 28 s generation on 2 cores, against 14 s at normal priority (measured). Where the file is
-    missing or refused, nothing changes.
-    """
-    try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:
-        pass
-
-
 class Launch:
     """One command to run: prepared here, started and watched by :func:`run`."""
 

@@ -28,6 +28,22 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
         return None
 
 
+def lower_session_priority(pid: int, nice: int = 19) -> None:
+    """Let the session ``pid`` leads take only the CPU time that others leave.
+
+    Each launch is a session of its own, and Linux's autogroup scheduler (on where
+    ``/proc/sys/kernel/sched_autogroup_enabled`` is 1) shares the CPU between sessions first and only
+    then between the processes of one, so a process's own nice value is not enough there: the session's is
+    set too, in ``/proc/<pid>/autogroup``. Started under ``nice -n 19``, a Web-UI loading in the background
+    took 0 s from a 28 s generation on 2 cores, against 14 s at normal priority (measured). Where the file is
+    missing or refused, nothing changes.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+
+
 GRADIO_GAVE_UP = "When localhost is not accessible"  # what Gradio raises when its check of its own page fails
 
 
@@ -97,7 +113,7 @@ class WebUI:
             env["GRADIO_ROOT_PATH"] = self.proxy_path
         self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
         self.launch.start()
-        launching.lower_session_priority(self.launch.proc.pid)
+        lower_session_priority(self.launch.proc.pid)
         atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails
         return self
 

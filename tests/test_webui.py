@@ -159,3 +159,19 @@ def test_09_keeps_the_web_uis_picture_and_both_editions_show_it():
         [cell] = [c for c in json.loads(notebook.read_text())["cells"] if c.get("id") == webui_shot.CELL]
         assert webui_shot.LINK in "".join(cell["source"]), notebook.name
         assert_a_page_picture(base64.b64decode(cell["attachments"][webui_shot.NAME]["image/jpeg"]))
+
+
+def test_a_background_session_gets_only_the_cpu_time_others_leave():
+    """09's Web-UI loads beside training: its session is lowered to nice 19, where Linux's autogroup
+    scheduler shares the CPU between sessions (a process's own nice does not count across them)."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        web.lower_session_priority(proc.pid)
+        group = f"/proc/{proc.pid}/autogroup"
+        if os.path.exists(group):  # a kernel with autogroup: the session's nice is the one that counts
+            with open(group) as f:
+                assert f.read().split()[-2:] == ["nice", "19"]
+    finally:
+        proc.kill()
+        proc.wait()
+    web.lower_session_priority(proc.pid)  # a process already gone: nothing to do, and no error
