@@ -385,4 +385,3 @@ def test_a_short_run_shows_its_first_and_last_step(total):
     shown = [k for k in range(1, total + 1) if launching.step_line(entry.format(k=k, n=total)) is not None]
     assert shown[0] == 1 and shown[-1] == total and len(shown) <= 6
     assert launching.step_line(entry.format(k=total, n=total)) == f"step {total}/{total}: loss 1.5000"
-
