@@ -28,17 +28,17 @@ def http_status(url: str, timeout: float = 3.0) -> int | None:
         return None
 
 
-BACKGROUND_NICE = 19  # the Web-UI's priority: the lowest, so it loads on what training leaves idle
+BACKGROUND_NICE = 19  # the Web-UI's priority while it loads unwatched: the lowest
 
 
-def lower_session_priority(pid: int, nice: int = BACKGROUND_NICE) -> None:
-    """Lower the priority of the session that ``pid`` leads, where Linux's autogroup scheduler is on.
+def set_session_priority(pid: int, nice: int) -> None:
+    """Set the priority of the session that ``pid`` leads, where Linux's autogroup scheduler is on.
 
     That scheduler (``/proc/sys/kernel/sched_autogroup_enabled`` = 1) shares the CPU between sessions
-    first, and each launch is a session of its own, so the processes' own nice value counts only inside it;
-    the session's is ``/proc/<pid>/autogroup``. Measured on 2 cores: a 28 s generation took 44 s beside a
-    Web-UI loading at normal priority, 28 s with it at nice 19. Where the file is missing or refused,
-    nothing changes.
+    first, and each launch is a session of its own, so the processes' own nice values count only inside
+    it; the session's is ``/proc/<pid>/autogroup``, which its owner may raise and lower again between 0 and
+    19. Measured on 2 cores: a 28 s generation took 44 s beside a Web-UI loading at normal priority, 28 s
+    with it at 19. Where the file is missing or refused, nothing changes.
     """
     try:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
@@ -96,9 +96,6 @@ class WebUI:
 
     def start(self) -> WebUI:
         argv = [
-            "nice",
-            "-n",
-            BACKGROUND_NICE,
             "swift",
             "web-ui",
             "--lang",
@@ -115,7 +112,8 @@ class WebUI:
             env["GRADIO_ROOT_PATH"] = self.proxy_path
         self.launch = launching.Launch(argv, env=env, label="swift web-ui", cwd=paths.run_dir("webui"))
         self.launch.start()
-        lower_session_priority(self.launch.proc.pid)
+        # until someone waits for it, it loads on the CPU time the lesson's training leaves idle
+        set_session_priority(self.launch.proc.pid, BACKGROUND_NICE)
         atexit.register(self.stop)  # never outlive the kernel, even if a later cell fails
         return self
 
@@ -129,9 +127,11 @@ class WebUI:
             pass
 
     def wait(self, timeout: float = 120) -> tuple[int, float]:
-        """Poll until the page answers HTTP 200; returns (status, seconds). Stops everything on failure."""
+        """Poll until the page answers HTTP 200; returns (status, seconds). Stops everything on failure.
+        Waited for, it runs at normal priority: at the lowest, other busy processes could starve it."""
         start, started_again = time.monotonic(), False
         while time.monotonic() - start < timeout:
+            set_session_priority(self.launch.proc.pid, 0)
             self._remember_processes()
             self.launch.drain(False, "")
             if self.launch.proc.poll() is not None:
