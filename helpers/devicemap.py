@@ -207,6 +207,19 @@ def sample_inputs(model_path: str, batch: int, tokens: int, device="cpu") -> dic
     return {"input_ids": ids.to(device)}
 
 
+def sync_devices(device_map: dict):
+    """A function that waits for every GPU ``device_map`` places something on. ``torch.cuda.synchronize()``
+    alone waits for the current device only, so work queued on the others (Qwen2.5-7B's untied ``lm_head`` on
+    GPU 1, say) would be left out of a timeline that says it is measured."""
+    used = sorted({d for d in device_map.values() if isinstance(d, int)})
+
+    def sync():
+        for device in used:
+            torch.cuda.synchronize(device)
+
+    return sync
+
+
 def place_on_gpus(model_path: str, devices: int, dtype: str = "bfloat16"):
     """Load the model in ``dtype`` really split over this kernel's GPUs 0..devices-1 with ``device_map="auto"``."""
     from transformers import AutoModelForCausalLM

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from helpers import paths
+from helpers import devices, paths
+from helpers.devices import gpu_env, visible_gpus  # noqa: F401 (the names notebooks use)
 from helpers.errors import CourseError
 
 RESULTS_ENV = "COURSE_RESULTS_DIR"
@@ -200,7 +201,8 @@ class Launch:
         self.finished = finished  # a line the job prints once all its work is done (see exited_late)
         self.note: str | None = None
         self.shown_as: str | None = None  # printed instead of "$ command" when the command was shown already
-        self.extra_env = {k: str(v) for k, v in (env or {}).items()}
+        # a launch not given GPUs is meant for the CPU, and never sees one (helpers/devices.py)
+        self.extra_env = {k: str(v) for k, v in devices.launch_env(env or {}).items()}
         self.label = label
         self.timeout = timeout
         self.cwd = cwd
@@ -225,7 +227,7 @@ class Launch:
     def command(self) -> str:
         """The exact command, with the environment variables this launch sets, ready to paste in a terminal
         at the repository root (paths inside the checkout are written relative to it)."""
-        shown = {k: v for k, v in self.extra_env.items() if k != RESULTS_ENV}
+        shown = {k: v for k, v in self.extra_env.items() if k not in (RESULTS_ENV, devices.PRETEND_ENV)}
         return paths.relative_text(env_text(shown) + shlex.join(self.argv))
 
     def start(self) -> None:
@@ -428,6 +430,15 @@ def log_folder(label: str) -> Path:
     return paths.run_dir("logs", f"{label}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}")
 
 
+def torchrun_command() -> list[str]:
+    """``torchrun`` where this Python has its own; else this Python running torch's launcher module. A venv
+    made over a GPU image's Python (``--system-site-packages``, docs/gpu.md) has no ``torchrun`` of its own, and
+    the image's would start the workers with the image's Python and packages."""
+    if (Path(sys.executable).parent / "torchrun").exists():
+        return ["torchrun"]
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
 def prepare_torchrun(
     script,
     *args,
@@ -448,7 +459,7 @@ def prepare_torchrun(
     :class:`helpers.netlab.Lab`, with that lab's address of node 0 as ``master_addr``.
     """
     log_dir = log_folder(Path(str(script)).stem)
-    argv = [*(prefix or []), "torchrun", "--nproc-per-node", nproc]
+    argv = [*(prefix or []), *torchrun_command(), "--nproc-per-node", nproc]
     if nnodes > 1:
         argv += ["--nnodes", nnodes, "--node-rank", node_rank]
     argv += ["--master-addr", master_addr, "--master-port", master_port or free_port()]
@@ -462,33 +473,3 @@ def prepare_torchrun(
 def torchrun(script, *args, timeout: float = 600, show: bool = True, **options) -> LaunchResult:
     """Run ``torchrun`` on ``script`` and wait; see :func:`prepare_torchrun` for the options."""
     return run(prepare_torchrun(script, *args, timeout=timeout, **options), show=show)[0]
-
-
-def visible_gpus(count: int, first: int = 0, inherit: bool = True) -> list[str]:
-    """The CUDA devices a launch of ``count`` GPUs should see, from the ``first`` of this machine's own.
-
-    A process started with ``CUDA_VISIBLE_DEVICES`` set (a shared server giving this learner GPUs 4 and 5)
-    may use only those: the launch gets entries ``first .. first + count - 1`` of that list, never the
-    machine's GPUs 0..n-1. Without the variable they are 0..count-1 (offset by ``first``). ``inherit=False``
-    ignores the variable: for commands printed for another machine, with ``count`` GPUs of its own.
-    """
-    inherited = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() if inherit else ""
-    if not inherited:
-        return [str(i) for i in range(first, first + count)]
-    own = [d.strip() for d in inherited.split(",") if d.strip()]
-    if first + count > len(own):
-        raise CourseError(
-            f"a launch on {count} GPU{'s' if count > 1 else ''} (from the {first + 1}. on) needs more than the "
-            f"{len(own)} this process may use (CUDA_VISIBLE_DEVICES={inherited}); ask for fewer (NPROC), or start "
-            "JupyterLab with more GPUs visible."
-        )
-    return own[first : first + count]
-
-
-def gpu_env(gpus: int, torchrun: bool = False, inherit: bool = True) -> dict:
-    """The environment of a ``swift`` command with one process per GPU on ``gpus`` GPUs: exactly those
-    devices visible (:func:`visible_gpus`: the first of this process's own), and ``NPROC_PER_NODE`` where
-    SWIFT must start torchrun (several processes, or ``torchrun``: DeepSpeed needs it even for one, see
-    :func:`prepare_swift`). ``inherit=False``: the command for another machine with ``gpus`` GPUs."""
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(gpus, inherit=inherit))}
-    return {**env, "NPROC_PER_NODE": str(gpus)} if gpus > 1 or torchrun else env

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from helpers import environment
+from helpers import devices, environment
+from helpers.devices import count_gpus, gpu_dtype  # noqa: F401 (the names notebooks use)
 from helpers.errors import CourseError, install_notebook_handler
 
 PROFILES = ("auto", "cpu", "gpu", "smoke")
@@ -66,6 +67,14 @@ class Profile:
         chosen = self.pick(cpu, gpu=gpu, smoke=smoke) if value is None else value
         return check_int(name, chosen, lo, hi)
 
+    def env(self) -> dict:
+        """The environment of this profile's ranks, for a launch: on the gpu profile one GPU per rank, the
+        first of this process's own (:func:`devices.gpu_env`); elsewhere none (:func:`devices.cpu_env`: where
+        GPUs exist, they are hidden). The gpu shape on the CPU gets the gpu profile's, as a GPU machine would."""
+        if self.name == "gpu":
+            return {"CUDA_VISIBLE_DEVICES": devices.gpu_env(self.nproc)["CUDA_VISIBLE_DEVICES"]}
+        return devices.cpu_env()
+
     def summary(self) -> dict:
         """A plain dict for tables and the run report."""
         return {
@@ -83,33 +92,6 @@ class Profile:
     def _repr_markdown_(self) -> str:
         rows = "\n".join(f"| {k} | {v} |" for k, v in self.summary().items())
         return f"| setting | value |\n|---|---|\n{rows}"
-
-
-def count_gpus() -> int:
-    """CUDA devices visible to this process (0 without torch's CUDA build)."""
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def bf16_supported() -> bool:
-    """True where bfloat16 is computed natively: a GPU of the Ampere generation or later (A100, RTX 30xx,
-    H100...); T4 and V100 have no bf16. The CPU has it (the gpu shape on the CPU)."""
-    import torch
-
-    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
-
-
-def gpu_dtype() -> tuple[str, str]:
-    """The gpu profile's dtype, and why: bfloat16 where the GPU has it, else float16."""
-    if bf16_supported():
-        return "bfloat16", "this device computes in bfloat16, the dtype Qwen2.5's weights are saved in"
-    return "float16", (
-        "this GPU has no bfloat16 (T4 and V100 do not; Ampere and later do), so weights, training, merging "
-        "and inference use float16"
-    )
 
 
 def with_ranks(profile: Profile, minimum: int = 2, even: bool = False) -> Profile:
@@ -222,15 +204,16 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
         print(note)
     gpus = count_gpus()
     name, reason = _choose(profile, gpus)
-    stand_in = name == "gpu" and not gpus and os.environ.get(GPU_SHAPE_ON_CPU) == "1"
+    pretended = bool(os.environ.get(devices.PRETEND_ENV))  # tests: torch believes in a GPU that is not there
+    stand_in = name == "gpu" and (not gpus or pretended) and os.environ.get(GPU_SHAPE_ON_CPU) == "1"
     if name == "gpu" and not gpus and not stand_in:
         raise CourseError(
             "PROFILE = 'gpu' needs a CUDA GPU and none is visible here; choose 'cpu', 'smoke' or 'auto'."
         )
     if stand_in:
-        reason += (
-            f"; no GPU here, so it runs in its gpu shape on the CPU ({GPU_SHAPE_ON_CPU}=1: gloo, no CUDA)"
-        )
+        here = f"torch pretends {gpus} GPU(s) ({devices.PRETEND_ENV})" if pretended else "no GPU here"
+        reason += f"; {here}, so it runs in its gpu shape on the CPU ({GPU_SHAPE_ON_CPU}=1: gloo, no CUDA)"
+
     if nproc is None:
         nproc = gpus if name == "gpu" and not stand_in else 2
     elif name == "gpu" and not stand_in:

@@ -75,13 +75,13 @@ def check_kill_at(kill_at: int, save_every: int, total_steps: int) -> None:
 
 def node_env(profile, node_rank: int) -> dict:
     """Environment for one simulated node: on GPUs each node sees its own half of the devices this process
-    may use (``launching.visible_gpus``: on a server that gave it GPUs 4-7, node 0 gets 4,5 and node 1 6,7)."""
-    from helpers.launching import visible_gpus
+    may use (``devices.visible_gpus``: on a server that gave it GPUs 4-7, node 0 gets 4,5 and node 1 6,7)."""
+    from helpers import devices
 
-    if profile.device != "cuda":
-        return {}
+    if profile.name != "gpu":  # the gpu shape on the CPU gets the gpu profile's, as a GPU machine would
+        return devices.cpu_env()
     half = profile.nproc // 2
-    return {"CUDA_VISIBLE_DEVICES": ",".join(visible_gpus(half, first=node_rank * half))}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices.visible_gpus(half, first=node_rank * half))}
 
 
 # --- timing -------------------------------------------------------------------------------------------------
