@@ -2,7 +2,8 @@
 
 The pieces a lesson needs around its launched scripts: finding an error's key lines in a launch's
 output, a small offline chat dataset and SWIFT's training log, the stop tokens of SWIFT's templates,
-running a one-process script with a timeout, and dumping the Python stacks of stuck ranks with py-spy.
+running a one-process script with a timeout, and dumping the Python stacks of stuck ranks with py-spy
+(where the kernel lets it read them: :func:`ptrace_permission`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers import launching
+from helpers import launching, paths
 
 READY_TWICE = "Expected to mark a variable ready only once"
 _PREFIX = re.compile(r"^\[rank\d+\]:(?:\[rank\d+\]: ?)?")
@@ -307,13 +308,103 @@ def worker_pids(launch: launching.Launch, script_name: str) -> list[int]:
     return sorted(found)
 
 
+PROC = Path("/proc")
+CAP_SYS_PTRACE = 19  # the bit of CAP_SYS_PTRACE in the CapEff / CapBnd masks of /proc/<pid>/status
+NOT_ALLOWED = "py-spy may not read this process:"  # how dump_stacks marks a process the kernel would refuse
+PY_SPY_REFUSED = "Permission Denied"  # what py-spy itself prints when the kernel refuses it
+RECORDED_HANG = paths.ROOT / "data" / "py-spy" / "hang.json"
+
+
+def _status(pid, proc: Path) -> dict[str, str]:
+    """The fields of ``/proc/<pid>/status`` (``pid`` may be "self")."""
+    text = (proc / str(pid) / "status").read_text()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in text.splitlines())}
+
+
+def ptrace_scope(proc: Path | None = None) -> int | None:
+    """``kernel.yama.ptrace_scope`` (0 to 3); None where the kernel has no Yama (only the classic rules apply)."""
+    try:
+        return int(((proc or PROC) / "sys" / "kernel" / "yama" / "ptrace_scope").read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _descends_from(pid: int, ancestor: int, proc: Path) -> bool:
+    """Whether ``pid`` is a descendant of ``ancestor`` (following PPid up to the top)."""
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            pid = int(_status(pid, proc)["PPid"])
+        except (OSError, KeyError, ValueError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def ptrace_permission(target: int, tracer: int | None = None, proc: Path | None = None) -> tuple[bool, str]:
+    """``(allowed, why)``: whether ``tracer`` may attach to ``target`` with ptrace, as ``py-spy dump --pid`` does
+    (it stops the threads with ptrace and reads memory with process_vm_readv: the kernel checks both alike).
+
+    ``tracer`` None is a program this process starts now, as :func:`dump_stacks` starts py-spy: it runs with
+    our real uid and gid, the capabilities an execve gives it (a root process's child gets the inheritable and
+    bounding sets, any other's only the ambient set: capabilities(7)), and it has no descendants. The rules:
+    classic, the tracer's real uid and gid equal the target's real, effective and saved ones, or the tracer
+    has CAP_SYS_PTRACE; then Yama (the kernel's Documentation/admin-guide/LSM/Yama.rst): scope 0 adds
+    nothing, 1 allows only the tracer's own descendants without CAP_SYS_PTRACE (an inferior may name its
+    debugger with prctl(PR_SET_PTRACER), which the course's scripts never do), 2 only CAP_SYS_PTRACE, 3 nobody.
+    A seccomp filter or another security module may still refuse; :func:`hang_stacks` reads py-spy's answer too.
+    """
+    proc = proc or PROC
+    who, runs = ("py-spy", "would run") if tracer is None else (f"process {tracer}", "runs")
+    me = _status("self" if tracer is None else tracer, proc)
+    if tracer is None:
+        uid, euid = (int(v) for v in me["Uid"].split()[:2])
+        caps = int(me["CapInh"], 16) | int(me["CapBnd"], 16) if euid == 0 else int(me["CapAmb"], 16)
+    else:
+        uid, caps = int(me["Uid"].split()[0]), int(me["CapEff"], 16)
+    gid = int(me["Gid"].split()[0])
+    capable = bool(caps >> CAP_SYS_PTRACE & 1)
+    try:
+        them = _status(target, proc)
+    except OSError:
+        return False, f"process {target} has ended"
+    scope = ptrace_scope(proc)
+    same_user = {int(v) for v in them["Uid"].split()[:3]} == {uid} and {int(v) for v in them["Gid"].split()[:3]} == {gid}
+    if scope == 3:
+        return False, "kernel.yama.ptrace_scope is 3, so no process may attach with ptrace"
+    if not same_user and not capable:
+        return False, f"process {target} belongs to another user and {who} {runs} without CAP_SYS_PTRACE"
+    if scope == 2 and not capable:
+        return False, f"kernel.yama.ptrace_scope is 2 (CAP_SYS_PTRACE only) and {who} {runs} without it"
+    if scope == 1 and not capable and (tracer is None or not _descends_from(target, tracer, proc)):
+        relation = "has no descendants" if tracer is None else f"is not an ancestor of process {target}"
+        return False, (
+            "kernel.yama.ptrace_scope is 1, which lets a process without CAP_SYS_PTRACE read only its own "
+            f"descendants, and {who}{', started from here,' if tracer is None else ''} {runs} without it and {relation}"
+        )
+    if capable:
+        return True, f"{who} {runs} with CAP_SYS_PTRACE"
+    relation = "its descendant, " if scope == 1 else ""
+    yama = "no Yama" if scope is None else f"kernel.yama.ptrace_scope {scope}"
+    return True, f"process {target} is {relation}of the same user ({yama})"
+
+
 def dump_stacks(pids, timeout: float = 20) -> dict[int, str]:
-    """``py-spy dump --pid PID`` for every pid: the Python stack each one is standing in right now."""
+    """``py-spy dump --pid PID`` for every pid: the Python stack each one is standing in right now.
+
+    The kernel's ptrace rules are checked first (:func:`ptrace_permission`): a process py-spy may not read
+    gets the line ``NOT_ALLOWED why`` instead of a dump, and py-spy is not run for it."""
     exe = py_spy()
     dumps = {}
     for pid in pids:
         if exe is None:
             dumps[pid] = "py-spy is not installed (pip install py-spy)"
+            continue
+        allowed, why = ptrace_permission(pid)
+        if not allowed:
+            dumps[pid] = f"{NOT_ALLOWED} {why}"
             continue
         try:
             done = subprocess.run(
@@ -365,3 +456,33 @@ def stack_frames(dump: str) -> list[str]:
         if match:
             frames.append(f"{match.group(1)} ({Path(match.group(2)).name}:{match.group(3)})")
     return frames
+
+
+def recorded_hang() -> dict:
+    """The stacks of notebook 12's hang as py-spy dumped them with permission: ``machine`` (where, and as
+    whom), ``recorded`` (the date), ``how`` and ``dumps`` ({pid: the dump's text})."""
+    recorded = json.loads(RECORDED_HANG.read_text())
+    recorded["dumps"] = {int(pid): text for pid, text in recorded["dumps"].items()}
+    return recorded
+
+
+def hang_stacks(dumps: dict[int, str]) -> tuple[dict[int, list[str]], str | None]:
+    """``({pid: frames}, note)``: the frames of ``dumps`` (from :func:`run_and_dump`), note None; or, where
+    py-spy could not read a worker (the kernel's rules said no, or py-spy itself was refused), the frames
+    of :func:`recorded_hang` with a one-sentence note saying why and where those were recorded."""
+    refused = [text for text in dumps.values() if text.startswith(NOT_ALLOWED) or PY_SPY_REFUSED in text]
+    if not refused:
+        return {pid: stack_frames(text) for pid, text in dumps.items()}, None
+    first = refused[0]
+    why = (
+        first[len(NOT_ALLOWED) :].strip()
+        if first.startswith(NOT_ALLOWED)
+        else f"py-spy itself was refused ({PY_SPY_REFUSED}) although the ptrace rules read here allow it, "
+        "so a seccomp filter or a security module forbids it"
+    )
+    recorded = recorded_hang()
+    note = (
+        f"py-spy may not read the workers here: {why}; below are the workers' stacks of this hang as recorded on "
+        f"{recorded['machine']} with permission ({recorded['recorded']})."
+    )
+    return {pid: stack_frames(text) for pid, text in recorded["dumps"].items()}, note

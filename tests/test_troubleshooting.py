@@ -1,6 +1,8 @@
-"""helpers.troubleshooting: reading launch output, SWIFT logs, py-spy stacks, and the 12 exercise checkers."""
+"""helpers.troubleshooting: reading launch output, SWIFT logs, py-spy stacks and who may take them, and the 12
+exercise checkers."""
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -133,24 +135,179 @@ def test_python_script_is_stopped_at_its_timeout(build, tmp_path):
     assert time.perf_counter() - start < 20
 
 
-@pytest.mark.skipif(troubleshooting.py_spy() is None, reason="py-spy is not installed")
-def test_run_and_dump_sees_the_stuck_function(build, tmp_path):
+# --- who may ptrace whom: the kernel's rules, on a made-up /proc ----------------------------------------
+
+PTRACE_BIT = 1 << troubleshooting.CAP_SYS_PTRACE
+ALL_CAPS = (1 << 41) - 1  # CapBnd of a root process with every capability
+# a made-up process tree: 100 is the tracer, 200 its child, 201 its grandchild, 400 a stranger, 500 another user's
+TREE = {100: (1, 1000), 200: (100, 1000), 201: (200, 1000), 400: (1, 1000), 500: (1, 2000)}
+
+
+def status_text(ppid: int, uid: int, eff: int = 0, bnd: int = ALL_CAPS, amb: int = 0) -> str:
+    return (
+        f"Name:\tpython\nPPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        f"CapInh:\t{0:016x}\nCapPrm:\t{eff:016x}\nCapEff:\t{eff:016x}\nCapBnd:\t{bnd:016x}\nCapAmb:\t{amb:016x}\n"
+    )
+
+
+def fake_proc(folder, scope, me: str) -> "os.PathLike":
+    """/proc with ``kernel.yama.ptrace_scope`` = ``scope`` (None: no Yama), the tree above, and "self" (this
+    process, 100's parent, also uid 1000) that is: "user" (no capability), "user+eff" (CAP_SYS_PTRACE effective
+    but not ambient: gone after execve), "user+amb" (ambient), "root" (uid 0, every capability), or
+    "root-ptrace" (uid 0 in a container whose bounding set lacks CAP_SYS_PTRACE)."""
+    proc = folder / f"proc-{scope}-{me}"
+    if scope is not None:
+        (proc / "sys" / "kernel" / "yama").mkdir(parents=True)
+        (proc / "sys" / "kernel" / "yama" / "ptrace_scope").write_text(f"{scope}\n")
+    selves = {
+        "user": status_text(1, 1000),
+        "user+eff": status_text(1, 1000, eff=PTRACE_BIT),
+        "user+amb": status_text(1, 1000, eff=PTRACE_BIT, amb=PTRACE_BIT),
+        "root": status_text(1, 0, eff=ALL_CAPS),
+        "root-ptrace": status_text(1, 0, eff=ALL_CAPS & ~PTRACE_BIT, bnd=ALL_CAPS & ~PTRACE_BIT),
+    }
+    tree = {pid: (ppid, 0 if me.startswith("root") and pid != 500 else uid) for pid, (ppid, uid) in TREE.items()}
+    for pid, text in [("self", selves[me])] + [(pid, status_text(ppid, uid)) for pid, (ppid, uid) in tree.items()]:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "status").write_text(text)
+    return proc
+
+
+@pytest.mark.parametrize(
+    "scope, me, tracer, target, allowed",
+    [
+        # no Yama, or scope 0: the classic rules, same user or CAP_SYS_PTRACE
+        (None, "user", None, 400, True),
+        (0, "user", None, 400, True),
+        (0, "user", None, 500, False),  # another user's process
+        (0, "user+eff", None, 500, False),  # an effective capability does not survive py-spy's execve
+        (0, "user+amb", None, 500, True),  # an ambient one does
+        (0, "root", None, 500, True),
+        # scope 1: descendants only, unless CAP_SYS_PTRACE
+        (1, "user", None, 200, False),  # py-spy, just started, has no descendants
+        (1, "user", 100, 200, True),  # a child of the tracer
+        (1, "user", 100, 201, True),  # a grandchild
+        (1, "user", 100, 400, False),  # not a descendant
+        (1, "user", 200, 100, False),  # the tracer's parent
+        (1, "user+amb", None, 400, True),
+        (1, "root", None, 400, True),
+        (1, "root-ptrace", None, 400, False),  # root in a container without CAP_SYS_PTRACE
+        # scope 2: CAP_SYS_PTRACE only
+        (2, "user", 100, 200, False),
+        (2, "user", None, 400, False),
+        (2, "root", None, 400, True),
+        (2, "root-ptrace", None, 400, False),
+        # scope 3: nobody
+        (3, "root", None, 400, False),
+        (3, "user", 100, 200, False),
+    ],
+)
+def test_ptrace_permission_follows_the_kernels_rules(tmp_path, scope, me, tracer, target, allowed):
+    ok, why = troubleshooting.ptrace_permission(target, tracer=tracer, proc=fake_proc(tmp_path, scope, me))
+    assert ok is allowed, why
+    assert why and "\n" not in why
+    if not ok and scope:
+        assert f"ptrace_scope is {scope}" in why or "another user" in why
+    if me == "user+eff" and not ok:
+        assert "without CAP_SYS_PTRACE" in why
+
+
+def test_ptrace_permission_of_a_process_that_has_ended(tmp_path):
+    ok, why = troubleshooting.ptrace_permission(999, proc=fake_proc(tmp_path, 0, "user"))
+    assert not ok and why == "process 999 has ended"
+
+
+# --- section 5 of 12: py-spy on the stuck ranks, or the stacks recorded with permission ----------------
+
+REFUSED = "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'"
+
+
+def stuck_launch(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(
         "import time\n\ndef stuck_here():\n    time.sleep(60)\n\nprint('ready', flush=True)\nstuck_here()\n"
     )
     # a shell in between, as torchrun is: the worker is a child of the launched process
-    launch = launching.Launch(
+    return launching.Launch(
         ["sh", "-c", f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}; true"], timeout=6
     )
+
+
+def refusing_py_spy(tmp_path):
+    """A py-spy that answers as the real one does when the kernel refuses it (py-spy 0.4.2, as nobody on a
+    root process), and leaves a mark that it ran."""
+    exe = tmp_path / "py-spy"
+    exe.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(tmp_path / 'py-spy-ran'))}\nprintf '%s' {shlex.quote(REFUSED)} >&2\nexit 1\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def the_hang_is_shown(stacks):
+    """Notebook 12's own check on section 5's stacks: one rank in sync_gradients' all_reduce, one waiting."""
+    frames = list(stacks.values())
+    in_all_reduce = sum(any(f.startswith("sync_gradients") for f in s) for s in frames)
+    waiting = sum(any(f.startswith("wait_for_input") for f in s) for s in frames)
+    return in_all_reduce == 1 and waiting == 1
+
+
+def test_without_ptrace_permission_section_5_shows_the_stacks_recorded_with_permission(build, tmp_path, monkeypatch):
+    monkeypatch.setattr(troubleshooting, "py_spy", lambda: str(refusing_py_spy(tmp_path)))
+    why = "kernel.yama.ptrace_scope is 1 (faked for this test)"
+    monkeypatch.setattr(troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (False, why))
+    outcome, dumps, seconds = troubleshooting.run_and_dump(stuck_launch(tmp_path), "stuck.py", ready="ready", ranks=1, timeout=6)
+    assert isinstance(outcome, launching.LaunchTimeout) and len(dumps) == 1
+    assert not (tmp_path / "py-spy-ran").exists(), "py-spy was run although the permission check said no"
+    stacks, note = troubleshooting.hang_stacks(dumps)
+    assert the_hang_is_shown(stacks), stacks
+    recorded = troubleshooting.recorded_hang()
+    assert set(stacks) == set(recorded["dumps"])
+    assert note.startswith(f"py-spy may not read the workers here: {why}; ") and note.count(". ") == 0
+    assert f"recorded on {recorded['machine']} with permission" in note and note.endswith(".")
+
+
+def test_a_py_spy_refused_despite_the_rules_falls_back_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(troubleshooting, "py_spy", lambda: str(refusing_py_spy(tmp_path)))
+    monkeypatch.setattr(troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (True, "same user"))
+    dumps = troubleshooting.dump_stacks([os.getpid()])
+    assert (tmp_path / "py-spy-ran").exists() and REFUSED in dumps[os.getpid()]
+    stacks, note = troubleshooting.hang_stacks(dumps)
+    assert the_hang_is_shown(stacks) and "py-spy itself was refused (Permission Denied)" in note
+
+
+def test_live_stacks_are_shown_as_they_are_and_missing_ones_fail_the_check():
+    stacks, note = troubleshooting.hang_stacks({7: PY_SPY_DUMP, 8: "Thread 8 (idle)\n    wait_for_input (hang.py:19)\n"})
+    assert note is None and stacks[7][2] == "sync_gradients (hang.py:23)" and the_hang_is_shown(stacks)
+    assert not the_hang_is_shown(troubleshooting.hang_stacks({7: PY_SPY_DUMP, 8: ""})[0])  # an empty dump stays empty
+    assert troubleshooting.hang_stacks({}) == ({}, None)  # nothing dumped: nothing shown, and the check fails
+
+
+def test_the_recorded_hang_is_a_real_py_spy_dump_labelled_with_its_machine():
+    recorded = troubleshooting.recorded_hang()
+    assert "with CAP_SYS_PTRACE" in recorded["machine"] and "py-spy" in recorded["how"]
+    assert len(recorded["dumps"]) == 2
+    for pid, text in recorded["dumps"].items():
+        assert text.startswith(f"Process {pid}: ") and "hang.py" in text.splitlines()[0]
+        assert f'Thread {pid} (idle): "MainThread"' in text
+    stacks = {pid: troubleshooting.stack_frames(text) for pid, text in recorded["dumps"].items()}
+    assert the_hang_is_shown(stacks)
+
+
+@pytest.mark.skipif(troubleshooting.py_spy() is None, reason="py-spy is not installed")
+@pytest.mark.skipif(
+    not troubleshooting.ptrace_permission(os.getpid())[0],
+    reason="py-spy may not read processes here: " + troubleshooting.ptrace_permission(os.getpid())[1],
+)
+def test_run_and_dump_sees_the_stuck_function(build, tmp_path):
     outcome, dumps, seconds = troubleshooting.run_and_dump(
-        launch, "stuck.py", ready="ready", ranks=1, timeout=6
+        stuck_launch(tmp_path), "stuck.py", ready="ready", ranks=1, timeout=6
     )
     assert isinstance(outcome, launching.LaunchTimeout)
     assert 5 < seconds < 30
     assert len(dumps) == 1
     frames = troubleshooting.stack_frames(next(iter(dumps.values())))
     assert any(f.startswith("stuck_here (stuck.py:") for f in frames), frames
+    stacks, note = troubleshooting.hang_stacks(dumps)
+    assert note is None and list(stacks.values()) == [frames]  # with permission: the live stacks, nothing recorded
 
 
 def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
