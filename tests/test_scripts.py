@@ -163,3 +163,16 @@ def test_tiny_ddps_own_bucket_rule_packs_as_torch_does():
         tensors = [torch.empty(size // t.itemsize, dtype=t) for size, t in zip(sizes, dtypes, strict=True)]
         torchs = dist._compute_bucket_assignment_by_size(tensors, [first_cap, cap])[0]
         assert rule(tensors, cap, first_cap) == torchs, (sizes, dtypes, cap, first_cap)
+
+
+def test_04s_buffer_sync_option_is_the_one_the_installed_ddp_has():
+    """forward_sync_buffers is new in torch 2.13; on the 2.6-2.12 a GPU image may keep, broadcast_buffers=False
+    stops the same per-forward broadcast (and a TypeError would stop the script)."""
+    script = load_script("inside_collectives.py")
+    assert script.no_forward_sync() == {"forward_sync_buffers": False}  # the locked torch
+
+    def ddp_before_2_13(module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True, **rest):
+        raise AssertionError("not built here")
+
+    script.DDP = ddp_before_2_13
+    assert script.no_forward_sync() == {"broadcast_buffers": False}
