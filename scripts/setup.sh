@@ -7,12 +7,44 @@
 # installing anything into it: .venv sees that interpreter's site-packages after its own, so the pinned
 # packages win and torch comes from the image. It ends by registering .venv as the Jupyter kernel
 # "Python 3 (ddp-course)" (COURSE_KERNEL_NAME names it; COURSE_KERNEL_NAME=none skips it).
+# .venv remembers that it keeps its torch (.venv/.course-keep-torch): every later set-up without
+# COURSE_KEEP_TORCH (`make run`, `make lab`, `make test` start with one) keeps it too, and says so in one
+# line; so does one that finds a CUDA build of torch in .venv. Only COURSE_KEEP_TORCH=0 installs the
+# lock's CPU torch over it (and forgets the mark).
 # COURSE_COMPILE_BYTECODE=0 skips compiling the installed modules to bytecode (the tests set it: time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-KEEP_TORCH=${COURSE_KEEP_TORCH:-0}
-KERNEL=${COURSE_KERNEL_NAME:-ddp-course}
+KEEP_MARK=.venv/.course-keep-torch
+KEEP_TORCH=${COURSE_KEEP_TORCH:-}
+kept_kernel=
+if [ -f "$KEEP_MARK" ]; then kept_kernel=$(sed -n 's/^kernel=//p' "$KEEP_MARK"); fi
+case "$KEEP_TORCH" in
+  0 | 1) ;;
+  "")
+    KEEP_TORCH=0
+    venv_torch=$(ls -d .venv/lib/python3*/site-packages/torch 2>/dev/null | head -n1 || true)
+    why=
+    if [ -f "$KEEP_MARK" ] && [ -x .venv/bin/python ]; then
+      why="it was set up with COURSE_KEEP_TORCH=1"
+    elif [ -n "$venv_torch" ] && [ -x .venv/bin/python ] \
+        && cuda=$(sed -n "s/^cuda\b[^=]*= *['\"]\([^'\"]*\)['\"].*/\1/p" "$venv_torch/version.py" 2>/dev/null) \
+        && [ -n "$cuda" ]; then
+      why="it is a CUDA $cuda build, which the lock's CPU torch would replace"
+    fi
+    if [ -n "$why" ]; then
+      KEEP_TORCH=1
+      version=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null) \
+        || version="(not found)"
+      echo "setup: keeping the torch in .venv, torch $version: $why; COURSE_KEEP_TORCH=0 make setup replaces it with the lock's CPU build."
+    fi
+    ;;
+  *)
+    echo "setup: COURSE_KEEP_TORCH=$KEEP_TORCH: 1 keeps the torch in .venv (or \$PYTHON's), 0 installs the lock's CPU torch; unset, a .venv set up with 1 keeps its torch."
+    exit 1
+    ;;
+esac
+KERNEL=${COURSE_KERNEL_NAME:-${kept_kernel:-ddp-course}}
 LOCK=requirements-lock.txt
 if [ "$KEEP_TORCH" = 1 ]; then LOCK=requirements-lock-no-torch.txt; fi
 want=$( (cat requirements.txt requirements-nodeps.txt "$LOCK" pyproject.toml scripts/setup.sh scripts/uv.sh;
@@ -82,6 +114,11 @@ except errors.CourseError as error:
     raise SystemExit(f"setup: {error}") from None
 print(f"setup: keeping torch {environment.installed('torch')}. {note}".rstrip())
 PY
+  # from now on every set-up keeps this torch, until COURSE_KEEP_TORCH=0
+  {
+    echo "# scripts/setup.sh: this .venv keeps its own torch (COURSE_KEEP_TORCH=1); COURSE_KEEP_TORCH=0 make setup installs the lock's CPU torch instead."
+    echo "kernel=$KERNEL"
+  } > "$KEEP_MARK"
   install=(install --no-deps -r "$LOCK")  # add to what is there: torch and its CUDA libraries stay
 else
   install=(sync "$LOCK")  # exactly the lock: anything else in .venv goes
@@ -128,6 +165,7 @@ if [ "$KEEP_TORCH" = 1 ] && [ "$KERNEL" != none ]; then
   fi
   echo "setup: in JupyterLab, pick the kernel \"Python 3 ($KERNEL)\" (Kernel > Change Kernel): it runs .venv/bin/python."
 fi
+if [ "$KEEP_TORCH" = 0 ]; then rm -f "$KEEP_MARK"; fi  # the lock's torch now: nothing left to keep
 echo "$want" > "$stamp"
 seconds=$(( $(date +%s) - start ))
 printf '{"seconds": %d, "packages_seconds": %d, "date": "%s"}\n' "$seconds" "$packages" \

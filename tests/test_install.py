@@ -8,21 +8,25 @@
 
 Everything but the CUDA build itself runs for real. Both set the Jupyter data folder to a temporary one
 (set-up registers a kernel there) and skip compiling to bytecode (COURSE_COMPILE_BYTECODE=0: 40 s more
-each on 2 cores, and not what these tests are about).
+each on 2 cores, and not what these tests are about). The first then goes on as a learner would, with
+`make run`, `make lab` and `make setup` and no COURSE_KEEP_TORCH: each must leave that torch where it is,
+until `COURSE_KEEP_TORCH=0 make setup` asks for the lock's.
 """
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
-from helpers import environment, paths
+from helpers import environment, launching, paths
 
 UV = str(paths.ROOT / ".venv" / "bin" / "uv")
 PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
@@ -80,6 +84,65 @@ def install_torch(python: Path, importable: bool = False) -> str:
     return version
 
 
+def stand_in_for_a_cuda_build(site: Path) -> str:
+    """Relabel the torch in ``site`` as ``<release>+standin``: like a CUDA build's (2.13.0+cu130), its version
+    string is not the lock's (2.13.0+cpu), so installing the lock would replace it. uv installs by hard link
+    from its cache: each file changed here is written anew and moved over the old one, never edited in place."""
+    [dist] = site.glob("torch-*.dist-info")
+    old = dist.name.removeprefix("torch-").removesuffix(".dist-info")
+    new = f"{old.split('+')[0]}+standin"
+    for path, before, after in (
+        (dist / "METADATA", f"Version: {old}\n", f"Version: {new}\n"),
+        (dist / "RECORD", f"torch-{old}.dist-info/", f"torch-{new}.dist-info/"),
+        (site / "torch" / "version.py", f"__version__ = '{old}'", f"__version__ = '{new}'"),
+    ):
+        text = path.read_text()
+        assert before in text, f"{path} no longer holds {before!r}"
+        fresh = path.with_name(path.name + ".new")
+        fresh.write_text(text.replace(before, after))
+        os.replace(fresh, path)
+    dist.rename(site / f"torch-{new}.dist-info")
+    return new
+
+
+def torch_state(python: Path) -> tuple:
+    """The torch ``python`` imports: its version, its file, and the inode and mtime of its version.py (the
+    file the stand-in rewrote: a reinstall brings back another)."""
+    done = subprocess.run(
+        [python, "-c", "import os, torch; v = os.path.join(os.path.dirname(torch.__file__), 'version.py'); "
+                       "s = os.stat(v); print(torch.__version__, torch.__file__, s.st_ino, s.st_mtime_ns)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return tuple(done.stdout.split())
+
+
+def make_lab_until_it_serves(repo: Path, env: dict[str, str], timeout: float = 180) -> str:
+    """`make lab` as a learner runs it (its set-up first, then JupyterLab), stopped once JupyterLab serves:
+    what it printed."""
+    port = launching.free_port()
+    log = repo.parent / "make-lab.log"
+    with log.open("w") as out:
+        lab = subprocess.Popen(["make", "lab", f"LAB_PORT={port}"], cwd=repo, env=env, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while f"127.0.0.1:{port}/" not in log.read_text() and lab.poll() is None:
+            assert time.monotonic() < deadline, (
+                f"make lab did not serve within {timeout} s:\n{log.read_text()}"
+            )
+            time.sleep(0.5)
+        assert lab.poll() is None, f"make lab stopped (exit {lab.returncode}):\n{log.read_text()}"
+    finally:
+        if lab.poll() is None:
+            os.killpg(lab.pid, signal.SIGTERM)
+            try:
+                lab.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(lab.pid, signal.SIGKILL)
+                lab.wait()
+    return log.read_text()
+
+
 def purelib(python: Path) -> Path:
     done = subprocess.run([python, "-c", PURELIB], capture_output=True, text=True, check=True)
     return Path(done.stdout.strip())
@@ -101,11 +164,12 @@ def kernel_python(tmp_path: Path) -> Path:
     return Path(spec["argv"][0])
 
 
-def test_keep_torch_setup_installs_the_rest_and_leaves_the_images_torch_alone(pristine, tmp_path):
+def test_keep_torch_setup_installs_the_rest_and_every_later_setup_keeps_that_torch(pristine, tmp_path):
     repo = course_copy(pristine, tmp_path)
     python = repo / ".venv" / "bin" / "python"
     subprocess.run([sys.executable, "-m", "venv", str(repo / ".venv")], check=True)  # as docs/gpu.md says
-    torch_version = install_torch(python)
+    install_torch(python)
+    torch_version = stand_in_for_a_cuda_build(purelib(python))
     marker = purelib(python) / "torch" / "IMAGE_BUILD"  # a file only the image's own torch has
     marker.write_text("the image's torch\n")
     done = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env=setup_env(tmp_path), capture_output=True,
@@ -127,6 +191,38 @@ def test_keep_torch_setup_installs_the_rest_and_leaves_the_images_torch_alone(pr
     assert (
         check.stdout.strip().splitlines()[-1].split()[0] == torch_version
     )  # the last line: deepspeed logs first
+
+    # Later, without COURSE_KEEP_TORCH: `make run`, `make lab` and `make setup` each run set-up first, and
+    # each keeps that torch, saying so in one line, without installing anything again.
+    kept = torch_state(python)
+    assert kept[0] == torch_version
+    later = setup_env(tmp_path, COURSE_BUILD_DIR=str(tmp_path / "build"), JUPYTER_RUNTIME_DIR=str(tmp_path / "run"),
+                      JUPYTER_CONFIG_DIR=str(tmp_path / "config"))  # fmt: skip
+    del later["COURSE_KEEP_TORCH"]
+    keeping = "setup: keeping the torch in .venv"
+    run = subprocess.run(["make", "run", "ONLY=00", "PROFILE=smoke"], cwd=repo, env=later, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert torch_state(python) == kept, "make run replaced the kept torch:\n" + run.stdout[-3000:]
+    said = [line for line in run.stdout.splitlines() if line.startswith("setup: ")]
+    assert len(said) == 2 and said[0].startswith(keeping) and "nothing to install" in said[1], said
+    lab = make_lab_until_it_serves(repo, later)
+    assert torch_state(python) == kept, "make lab replaced the kept torch:\n" + lab[-3000:]
+    assert keeping in lab and "nothing to install" in lab, lab[-3000:]
+    again = subprocess.run(["make", "setup"], cwd=repo, env=later, capture_output=True, text=True)
+    assert again.returncode == 0 and torch_state(python) == kept, again.stdout + again.stderr
+    assert keeping in again.stdout and "nothing to install" in again.stdout, again.stdout
+
+    # Only when asked: COURSE_KEEP_TORCH=0 installs the lock, its CPU torch included, and forgets the kept one.
+    replaced = subprocess.run(["make", "setup"], cwd=repo, env={**later, "COURSE_KEEP_TORCH": "0"},
+                              capture_output=True, text=True)  # fmt: skip
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    lock_torch = environment.read_lock()["torch"]["version"]
+    assert torch_state(python)[0] == lock_torch, replaced.stdout
+    plain = subprocess.run(["make", "setup"], cwd=repo, env=later, capture_output=True, text=True)
+    assert plain.returncode == 0 and keeping not in plain.stdout and "nothing to install" in plain.stdout, (
+        plain.stdout + plain.stderr
+    )
 
 
 def test_keep_torch_without_a_venv_keeps_the_image_pythons_torch_and_installs_nothing_into_it(
@@ -179,3 +275,47 @@ def test_keep_torch_without_a_venv_keeps_the_image_pythons_torch_and_installs_no
     own, image_index, torch_file = last.split(maxsplit=2)
     assert Path(torch_file).parent == image_site / "torch" and marker.is_file()
     assert int(own) < int(image_index), ".venv's own packages must come before the image's"
+
+
+def test_setup_keeps_a_cuda_torch_it_finds_in_a_venv_without_the_mark(tmp_path):
+    """A .venv that holds a CUDA build of torch (its torch/version.py names a CUDA) but was not set up with
+    COURSE_KEEP_TORCH=1 (the learner pip-installed it, then ran `make run`): set-up keeps that torch and says
+    why; with a CPU build it says nothing and goes on to install the lock. A COURSE_KEEP_TORCH other than 0
+    or 1 is refused in one line. The stand-in .venv's python answers only the version question, so set-up
+    stops soon after (installing uv), having said what it chose."""
+    repo = tmp_path / "course"
+    for name in ("requirements.txt", "requirements-nodeps.txt", environment.LOCK, environment.LOCK_NO_TORCH,
+                 "pyproject.toml", "scripts/setup.sh", "scripts/uv.sh"):  # fmt: skip
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(paths.ROOT / name, repo / name)
+    bin_dir = repo / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\ncase "$*" in *importlib.metadata*) echo 2.13.0+cu130 ;; *) exit 3 ;; esac\n'
+    )
+    (bin_dir / "python").chmod(0o755)
+    version_py = repo / ".venv" / "lib" / "python3.11" / "site-packages" / "torch" / "version.py"
+    version_py.parent.mkdir(parents=True)
+    env = {key: value for key, value in os.environ.items() if key != "COURSE_KEEP_TORCH"}
+
+    def setup(**extra: str) -> list[str]:
+        done = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env={**env, **extra}, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode != 0  # the stand-in python cannot install uv
+        return done.stdout.splitlines()
+
+    version_py.write_text("__version__ = '2.13.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n")
+    said = setup()
+    assert said[0] == (
+        "setup: keeping the torch in .venv, torch 2.13.0+cu130: it is a CUDA 13.0 build, which the lock's CPU "
+        "torch would replace; COURSE_KEEP_TORCH=0 make setup replaces it with the lock's CPU build."
+    ), said
+    assert not any("keeping" in line for line in setup(COURSE_KEEP_TORCH="0"))  # asked for the lock's
+    version_py.write_text("__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\n")
+    assert not any("keeping" in line for line in setup())
+    refused = subprocess.run(["bash", "scripts/setup.sh"], cwd=repo, env={**env, "COURSE_KEEP_TORCH": "yes"},
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1 and refused.stdout.startswith(
+        "setup: COURSE_KEEP_TORCH=yes: 1 keeps the torch"
+    )
+    assert len(refused.stdout.splitlines()) == 1
