@@ -170,3 +170,126 @@ def accelerators() -> dict:
         "nccl": dist.is_nccl_available() and cuda,
         "mpi": dist.is_mpi_available(),
     }
+
+
+# The oldest Linux driver that runs each CUDA major release (NVIDIA's CUDA Compatibility guide, "Minor Version
+# Compatibility": CUDA 13.x needs >= 580, 12.x >= 525, 11.x >= 450). PyPI's torch 2.13.0 for Linux is a CUDA
+# 13.0 build; the PyTorch index's cu126 build of the same release runs on a 525 driver.
+DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
+PROC_DRIVER = "/proc/driver/nvidia/version"
+
+
+def nvidia_driver(proc: str = PROC_DRIVER) -> str | None:
+    """The NVIDIA driver's version ("570.153.02"), from /proc/driver/nvidia/version or else nvidia-smi; None
+    where neither names one (no driver, or a container that does not see it)."""
+    try:
+        with open(proc) as file:
+            text = file.read()
+    except OSError:
+        text = ""
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..."
+    # or "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  ..."
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    if found:
+        return found.group(1)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = smi.stdout.strip().splitlines()[:1]
+    version = first[0].strip() if smi.returncode == 0 and first else ""
+    return version if re.fullmatch(r"\d+(\.\d+)+", version) else None
+
+
+def why_cuda_unusable(
+    torch_version: str,
+    cuda: str | None,
+    available: bool,
+    driver: str | None = None,
+    warning: str = "",
+    capability: tuple[int, int] | None = None,
+    arch_list: tuple[str, ...] | list[str] = (),
+) -> str:
+    """Why a CUDA build of torch cannot use this machine's GPU, in one sentence; "" when it can, or when it is
+    a CPU build (``cuda`` None: no driver would help).
+
+    ``cuda`` is ``torch.version.cuda``, ``available`` ``torch.cuda.is_available()``, ``driver`` the NVIDIA
+    driver's version (:func:`nvidia_driver`), ``warning`` what torch warned while it looked for a GPU: with a
+    driver too old for its CUDA, ``CUDA initialization: The NVIDIA driver on your system is too old (found
+    version 12080). ...`` (c10/cuda/CUDAFunctions.cpp; the number is cudaDriverGetVersion's, the newest CUDA
+    that driver runs: 12080 is 12.8). With a GPU found, ``capability`` (``get_device_capability()``) and
+    ``arch_list`` (``get_arch_list()``) tell whether the build has kernels for it at all.
+    """
+    if cuda is None:
+        return ""
+    major = version_tuple(cuda)[0]
+    need = DRIVER_FOR_CUDA.get(major)
+    built = f"torch {torch_version} is built for CUDA {cuda}"
+    cu126 = "install its CUDA 12.6 build (docs/gpu.md, Set-up)"
+    if available:
+        if capability is None or not arch_list:
+            return ""
+        device = capability[0] * 10 + capability[1]
+        codes = [(m[1], int(m[2])) for a in arch_list if (m := re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", a))]
+        # torch.cuda's own rule (_code_compatible_with_device): sm_XY code runs on X.Y to X.9; PTX
+        # (compute_XY) is compiled for any newer GPU
+        if any(
+            (kind == "sm" and device // 10 == code // 10 and device >= code)
+            or (kind == "compute" and device >= code)
+            for kind, code in codes
+        ):
+            return ""
+        sms = sorted(code for kind, code in codes if kind == "sm") or [0]
+        fix = (
+            f"CUDA 13 builds leave out Maxwell, Pascal and Volta (sm_50 to sm_70); {cu126}"
+            if major >= 13 and device < 75
+            else "install a torch built for it (pytorch.org/get-started)"
+        )
+        return (
+            f"{built}, which has no kernels for this GPU (sm_{device}; it has sm_{sms[0]} to sm_{sms[-1]}): "
+            f"{fix}."
+        )
+    older = cu126 if major >= 13 else "install a torch built for this driver's CUDA (docs/gpu.md, Set-up)"
+    needs = (
+        f"which needs an NVIDIA driver >= {need} on Linux" if need else "which needs a newer NVIDIA driver"
+    )
+    if driver and need and version_tuple(driver)[0] < need:
+        return f"{built}, {needs}, and this machine's driver is {driver}: update the driver, or {older}."
+    supports = re.search(r"too old \(found version (\d+)\)", warning)
+    if supports:
+        found = int(supports.group(1))
+        which = f"this machine's driver ({driver})" if driver else "the driver torch found"
+        return (
+            f"{built}, {needs}, and {which} runs CUDA {found // 1000}.{found % 1000 // 10} at most (torch: "
+            f"found version {found}): update the driver, or {older}."
+        )
+    if driver is None:
+        return (
+            f"{built} and finds no NVIDIA driver (none in {PROC_DRIVER} or nvidia-smi): install one"
+            f"{f' >= {need}' if need else ''}, or start the container with the GPU (docker run --gpus all)."
+        )
+    said = warning.replace("CUDA initialization: ", "").split(". ")[0].strip().rstrip(".")
+    return (
+        f"{built} and this machine's driver {driver} is new enough, yet it finds no GPU"
+        f"{f' ({said})' if said else ''}: check nvidia-smi and CUDA_VISIBLE_DEVICES."
+    )
+
+
+def cuda_problem() -> str:
+    """:func:`why_cuda_unusable` for this process's torch and this machine: "" when torch uses the GPU (or
+    is a CPU build). Call it before anything else asks torch for a GPU: torch warns only the first time."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    warning = " ".join(str(w.message) for w in caught if "CUDA" in str(w.message))
+    capability = torch.cuda.get_device_capability(0) if available else None
+    arch_list = torch.cuda.get_arch_list() if available else []
+    driver = nvidia_driver() if torch.version.cuda else None
+    return why_cuda_unusable(
+        torch.__version__, torch.version.cuda, available, driver, warning, capability, arch_list
+    )

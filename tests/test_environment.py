@@ -188,3 +188,109 @@ def test_the_optional_chinese_language_pack_is_pinned_and_jupyterlab_finds_it(tm
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "'zh_CN'" in listed, listed
+
+
+# what torch 2.13 warns when the driver is older than its CUDA (c10/cuda/CUDAFunctions.cpp, through
+# torch.cuda.is_available()): "CUDA initialization: " and the error, the number being cudaDriverGetVersion's
+TOO_OLD = (
+    "CUDA initialization: The NVIDIA driver on your system is too old (found version {}). Please update your "
+    "GPU driver by downloading and installing a new version from the URL: "
+    "http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a PyTorch "
+    "version that has been compiled with your version of the CUDA driver."
+)
+
+
+def torch_build_archs(cuda):
+    """The architectures torch 2.13's x86_64 build for ``cuda`` has kernels for, as get_arch_list() names them
+    (torch.cuda.PYTORCH_RELEASES_CODE_CC, which torch keeps in step with its release builds)."""
+    import torch.cuda
+
+    return [f"sm_{code}" for code in sorted(torch.cuda.PYTORCH_RELEASES_CODE_CC[cuda]["x86_64"])]
+
+
+def one_sentence(text):
+    assert text.endswith(".") and "\n" not in text and ". " not in text, text
+    return text
+
+
+def test_the_driver_version_is_read_from_proc_or_nvidia_smi(tmp_path, monkeypatch):
+    proc = tmp_path / "version"
+    for line, version in (
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023", "535.104.05"),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)",
+         "580.65.06"),
+    ):  # fmt: skip
+        proc.write_text(line + "\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
+        assert environment.nvidia_driver(str(proc)) == version
+    bin_dir = tmp_path / "bin"  # no /proc entry (a container): nvidia-smi, then nothing
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 570.153.02\necho 570.153.02\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert environment.nvidia_driver(str(tmp_path / "absent")) == "570.153.02"
+    smi.write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n"
+    )
+    assert environment.nvidia_driver(str(tmp_path / "absent")) is None
+    smi.unlink()
+    assert environment.nvidia_driver(str(tmp_path / "absent")) is None
+
+
+def test_why_a_cuda_torch_cannot_use_the_gpu_is_one_sentence_with_the_driver_found_and_needed():
+    why = environment.why_cuda_unusable
+    CU130_ARCHS, CU126_ARCHS = torch_build_archs("13.0"), torch_build_archs("12.6")
+    assert environment.DRIVER_FOR_CUDA[13] == 580 and environment.DRIVER_FOR_CUDA[12] == 525
+    # nothing to say: a CPU build, or a GPU this build runs on (an H100; a Pascal card on the CUDA 12.6 build)
+    assert why("2.13.0+cpu", None, False) == ""
+    assert why("2.13.0", "13.0", True, "580.65.06", "", (9, 0), CU130_ARCHS) == ""
+    assert why("2.13.0+cu126", "12.6", True, "535.104.05", "", (6, 1), CU126_ARCHS) == ""
+    assert why("2.13.0", "13.0", True, "590.1", "", (12, 1), CU130_ARCHS) == ""  # sm_121: sm_120's kernels
+
+    # PyPI's CUDA 13.0 build on a driver of the CUDA 12.8 era: the driver found, the one needed, what to do
+    assert one_sentence(why("2.13.0", "13.0", False, "570.153.02", TOO_OLD.format(12080))) == (
+        "torch 2.13.0 is built for CUDA 13.0, which needs an NVIDIA driver >= 580 on Linux, and this machine's "
+        "driver is 570.153.02: update the driver, or install its CUDA 12.6 build (docs/gpu.md, Set-up)."
+    )
+    # the driver's own version unknown (no /proc entry, no nvidia-smi): torch's number, read as a CUDA version
+    said = one_sentence(why("2.13.0", "13.0", False, None, TOO_OLD.format(12040)))
+    assert (
+        "needs an NVIDIA driver >= 580" in said
+        and "runs CUDA 12.4 at most (torch: found version 12040)" in said
+    )
+    # a CUDA 12 build needs 525, and its advice is not the CUDA 12.6 build
+    said = one_sentence(why("2.13.0+cu126", "12.6", False, "520.61.05", TOO_OLD.format(11080)))
+    assert (
+        "needs an NVIDIA driver >= 525" in said and "driver is 520.61.05" in said and "12.6 build" not in said
+    )
+    # no driver at all: say what to install
+    said = one_sentence(why("2.13.0", "13.0", False, None, ""))
+    assert "finds no NVIDIA driver" in said and "install one >= 580" in said
+    # a driver new enough and still no GPU: torch's own first sentence, and where to look
+    said = one_sentence(
+        why("2.13.0", "13.0", False, "580.65.06", "CUDA initialization: CUDA unknown error - x. y")
+    )
+    assert "580.65.06 is new enough, yet it finds no GPU (CUDA unknown error - x)" in said, said
+    # a card CUDA 13 left out: Pascal, Volta
+    for capability in ((6, 0), (7, 0)):
+        said = one_sentence(why("2.13.0", "13.0", True, "580.65.06", "", capability, CU130_ARCHS))
+        sm = f"sm_{capability[0]}{capability[1]}"
+        assert f"no kernels for this GPU ({sm}; it has sm_75 to sm_120)" in said and "CUDA 12.6 build" in said
+
+
+def test_a_gpu_has_kernels_in_a_build_exactly_where_torch_says_so():
+    import torch.cuda
+
+    for cuda in ("12.6", "13.0"):
+        archs = torch_build_archs(cuda)
+        codes = torch.cuda.PYTORCH_RELEASES_CODE_CC[cuda]["x86_64"]
+        for device in (50, 52, 60, 61, 70, 75, 80, 86, 89, 90, 100, 103, 120, 121):  # NVIDIA's discrete GPUs
+            runs = any(torch.cuda._code_compatible_with_device(device, code) for code in codes)
+            said = environment.why_cuda_unusable("2.13.0", cuda, True, "580.65.06", "", divmod(device, 10), archs)
+            assert (said == "") is runs, (cuda, device, said)
+
+
+def test_cuda_problem_says_nothing_for_this_cpu_build():
+    import torch
+
+    assert torch.version.cuda is None and environment.cuda_problem() == ""
