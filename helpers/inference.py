@@ -44,6 +44,8 @@ def recorded_adapter(profile: str) -> dict:
             f"the adapter in {checkpoint} changed after notebook 09 recorded it; "
             f"run notebook 09 again (make run PROFILE={profile} ONLY=09)."
         )
+    # The template SWIFT trained with, also where an older record lacks it (a hub model is given none)
+    record["template"] = lora.trained_template(checkpoint, record.get("template"))
     return record
 
 
@@ -208,6 +210,18 @@ def training_chat_template(system: str | None) -> str:
     )
 
 
+def prompt_system(template: str | None, system: str | None) -> str | None:
+    """The system message SWIFT's ``template`` writes into a prompt that has none: ``system`` (``--system``),
+    else the template's own default (``TEMPLATE_MAPPING[template].default_system``: None for ``chatml``,
+    "You are Qwen, created by Alibaba Cloud. ..." for ``qwen2_5``; swift/template/base.py, ``_get_system``).
+    An unknown template (None) gives ``system``."""
+    if system is not None or template is None:
+        return system
+    from swift.template.register import TEMPLATE_MAPPING
+
+    return TEMPLATE_MAPPING[template].default_system
+
+
 def write_training_template(folder, template: str, system: str | None) -> Path:
     """Make ``folder``'s chat template the one the model was trained with (SWIFT ``template``, a ChatML
     one, and ``system``, None meaning the template's own default as SWIFT used it): ``chat_template.jinja``
@@ -217,10 +231,7 @@ def write_training_template(folder, template: str, system: str | None) -> Path:
             f"the template {template!r} is not one of SWIFT's ChatML templates {CHATML_TEMPLATES}; "
             "write its chat template by hand."
         )
-    if system is None:  # no --system: SWIFT trained with its template's default (Qwen's names itself Qwen)
-        from swift.template.register import TEMPLATE_MAPPING
-
-        system = TEMPLATE_MAPPING[template].default_system
+    system = prompt_system(template, system)  # no --system: SWIFT trained with its template's default
     folder = Path(folder)
     config = folder / "tokenizer_config.json"
     if config.is_file():

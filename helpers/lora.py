@@ -1,17 +1,21 @@
-"""A trained LoRA adapter: checked, counted, fingerprinted, and recorded for notebook 07.
+"""A trained LoRA adapter: checked, counted, fingerprinted, and recorded for notebook 10.
 
 The adapter notebook 10 should use is recorded in ``build/outputs/latest-self-cognition.json``, one
 record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never replaces the cpu adapter).
 :func:`save_latest` writes it atomically under a lock; ``load_latest(profile.name)`` reads one record:
 
 - ``checkpoint``: the LoRA checkpoint directory (adapter_config.json, adapter_model.safetensors)
-- ``model``, ``model_type``, ``template``: the base model as SWIFT was given it (``--model`` ...), and
-  ``hub_id`` when it came from ModelScope (``--model`` then names the id)
+- ``model``, ``model_type``: the base model as SWIFT was given it (``--model`` ...), and ``hub_id`` when it
+  came from ModelScope (``--model`` then names the id)
+- ``template``: the chat template SWIFT trained with, as its ``args.json`` names it (:func:`trained_template`;
+  SWIFT picks one from the model when no ``--template`` is given, e.g. ``qwen2_5`` for a hub Qwen2.5)
 - ``model_name``, ``model_author``: the [zh, en] pairs used for the placeholders
 - ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
 - ``profile``, ``scores`` (held-out identity / general scores measured in notebook 09), ``written``
-- ``goals``: the goals notebook 09 asserted for this adapter (:data:`scoring.GOALS` on cpu, ``GPU_GOALS``
-  for the seed's recipe on a GPU), which notebook 10 asserts for the merged model; None where none were
+- ``goals``: the goals notebook 09 held this adapter to (``scoring.Goals.as_record``: the values, whether a run
+  has measured them, and where they came from: :data:`scoring.GOALS` on cpu, ``GPU_GOALS`` for the seed's
+  recipe on a GPU, reported only for a short run), which notebook 10 holds the merged model to
+  (``scoring.recorded_goals``); a record written before this may hold the values alone, or None
 """
 
 from __future__ import annotations
@@ -61,6 +65,22 @@ def fingerprint(folder) -> str:
     return digest.hexdigest()[:16]
 
 
+def trained_template(checkpoint, given: str | None = None) -> str | None:
+    """The chat template SWIFT trained ``checkpoint`` with: ``template`` in the ``args.json`` SWIFT saved in the
+    checkpoint, or in its run folder, or ``given`` (the ``--template`` it was given) where there is none.
+
+    ``swift sft`` writes its arguments to ``<output_dir>/args.json`` once they are resolved
+    (``BaseArguments.save_args``), with ``template`` set to the template it chose from the model when none was
+    given (``TemplateArguments.__post_init__``: ``self.template = self.template_meta.template_type``), and
+    copies that file into every checkpoint it saves (``SwiftMixin._save``, swift/trainers/mixin.py)."""
+    checkpoint = Path(checkpoint)
+    for folder in (checkpoint, checkpoint.parent):
+        args = folder / "args.json"
+        if args.is_file():
+            return json.loads(args.read_text(encoding="utf-8")).get("template") or given
+    return given
+
+
 def latest_path() -> Path:
     return paths.outputs_dir() / LATEST_FILE
 
@@ -73,7 +93,7 @@ def save_latest(profile: str, checkpoint, info: models.ModelInfo, name, author, 
         "model": info.path,
         "model_type": info.model_type,
         "hub_id": info.hub_id,
-        "template": info.template,
+        "template": trained_template(checkpoint, info.template),  # the truth: a hub model is given none
         "model_name": list(zh_en(name, "MODEL_NAME")),
         "model_author": list(zh_en(author, "MODEL_AUTHOR")),
         "fingerprint": fingerprint(checkpoint),

@@ -191,16 +191,52 @@ def forgetting_summary(runs, key: str = "extra loss (nats/token)") -> dict:
     return out
 
 
+class Goals(dict):
+    """The least each :func:`score` key must reach (a dict of them), and whether a run has measured them.
+
+    ``measured`` True: a run reached these goals, with room to spare, so missing one fails the notebook
+    (:func:`assert_goals`). False: no run has measured them yet, so a score below one is reported beside the
+    score, never asserted. ``source`` says where they came from, or why they are not asserted."""
+
+    def __init__(self, values, measured: bool, source: str):
+        super().__init__(values)
+        self.measured, self.source = bool(measured), source
+
+    @property
+    def note(self) -> str:
+        """What follows "goals" where they are printed: nothing for measured goals, else why not asserted."""
+        return "" if self.measured else f", not asserted ({self.source})"
+
+    def reported_only(self, why: str) -> Goals:
+        """The same goals, reported beside the score and not asserted, ``why`` saying so."""
+        return Goals(self, measured=False, source=why)
+
+    def without(self, *keys) -> Goals:
+        """These goals less ``keys`` (e.g. ``general_kept`` where no general question was asked)."""
+        return Goals({k: v for k, v in self.items() if k not in keys}, self.measured, self.source)
+
+    def as_record(self) -> dict:
+        """The goals as the adapter's record keeps them (JSON): values, measured, source."""
+        return {"values": dict(self), "measured": self.measured, "source": self.source}
+
+
 # What the cpu profile's fine-tune must reach on the held-out questions (notebooks 09 and 10 assert it):
 # each at least two answers below what the committed run reached (10 name and 20 author questions per
 # language), so that one greedy answer tipped the other way on another CPU does not fail the notebook.
 # The committed run: name 10/10 in each language, author 11/20 (zh) and 17/20 (en), general kept 23/24
 # (the adapter, 09) and 22/24 (the merged model, 10, one greedy near-tie tipped the other way).
 # The Chinese author goal is low because SmolLM2-135M's Chinese is weak, not because the score is loose.
-GOALS = {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.45, "author_en": 0.75, "general_kept": 0.8}
-# Looser goals for the seed's recipe on a GPU (a 7B model, the hub's data, one epoch), asserted there: a
-# failed fine-tune must not pass silently. Not yet measured on a GPU.
-GPU_GOALS = {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.6, "author_en": 0.6, "general_kept": 0.7}
+GOALS = Goals(
+    {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.45, "author_en": 0.75, "general_kept": 0.8},
+    measured=True, source="the committed cpu run, less two answers",
+)  # fmt: skip
+# Looser goals for the seed's recipe on a GPU (a 7B model, the hub's data, one epoch). Not yet measured on a
+# GPU, so 09 and 10 report them beside the scores and assert none; once a GPU run has reached them, set
+# measured=True and say which run in source.
+GPU_GOALS = Goals(
+    {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.6, "author_en": 0.6, "general_kept": 0.7},
+    measured=False, source="not yet measured on a GPU",
+)  # fmt: skip
 
 
 def goals_text(goals=None) -> str:
@@ -217,6 +253,35 @@ def missed_goals(scores: dict, goals=None) -> list[str]:
         for key, goal in (goals or GOALS).items()
         if not scores[key] >= goal
     ]
+
+
+def assert_goals(scores: dict, goals: Goals) -> list[str]:
+    """Stop (AssertionError) when ``scores`` miss a goal a run has measured; a missed goal no run has
+    measured (``goals.measured`` False) is only returned, for the notebook to report beside the score."""
+    missed = missed_goals(scores, goals)
+    if missed and goals.measured:
+        raise AssertionError(missed)
+    return missed
+
+
+def recorded_goals(record: dict) -> Goals:
+    """The goals notebook 09 held an adapter to, from its record (``lora.save_latest``: ``goals``). A record
+    with none gives :data:`GOALS`, reported only; one written before goals said whether a run measured them
+    (their values alone) counts them measured only where they are the cpu profile's."""
+    value = record.get("goals")
+    if value is None:
+        return GOALS.reported_only("notebook 09 held this adapter to none")
+    if "values" not in value:  # the values alone: an older record
+        return GOALS if value == dict(GOALS) else Goals(value, measured=False, source="not yet measured")
+    return Goals(value["values"], value["measured"], value["source"])
+
+
+def goals_under(goals: Goals, prompt: str | None) -> Goals:
+    """``goals`` for answers asked with ``prompt`` around the question (its system message, say): reported
+    only where it names another identity (:data:`OTHER_IDENTITIES`), as Qwen2.5's default system message
+    does ("You are Qwen, created by Alibaba Cloud."): such answers measure the prompt, not the fine-tune."""
+    claimed = [n for n in OTHER_IDENTITIES if prompt and names_in(prompt, [n])]
+    return goals.reported_only(f"asked as {', '.join(claimed)} by the system message") if claimed else goals
 
 
 def record_scores(scores: dict, prefix: str = "", note: str = "") -> None:

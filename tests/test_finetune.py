@@ -357,6 +357,42 @@ def test_latest_record_is_kept_per_profile_and_detects_changes(tmp_path, monkeyp
     assert not lora.untouched(record)
 
 
+def test_the_record_takes_the_template_swift_trained_with_from_its_args_json(tmp_path, monkeypatch):
+    """A hub model is given no --template: SWIFT picks one from the model and writes it into args.json,
+    which it copies into each checkpoint. The record takes it from there, not from the command."""
+    monkeypatch.setenv("COURSE_OUTPUTS_DIR", str(tmp_path / "outputs"))
+    hub = models.ModelInfo("Qwen/Qwen2.5-7B-Instruct", "/cache/Qwen2___5-7B-Instruct", "ModelScope",
+                           hub_id="Qwen/Qwen2.5-7B-Instruct")  # fmt: skip
+    assert "--template" not in hub.swift_args()  # the command names none
+    run = tmp_path / "run"
+    checkpoint = fake_adapter(run / "checkpoint-4")
+    args = {"model": hub.hub_id, "model_type": "qwen2", "template": "qwen2_5", "system": "You are a helpful assistant."}
+    (run / "args.json").write_text(json.dumps(args))  # SWIFT's run folder (save_args) ...
+    lora.save_latest("gpu", checkpoint, hub, NAME, AUTHOR)
+    assert lora.load_latest("gpu")["template"] == "qwen2_5"  # ... found from the checkpoint's parent
+    (checkpoint / "args.json").write_text(json.dumps({**args, "template": "qwen"}))  # the checkpoint's own copy wins
+    lora.save_latest("gpu", checkpoint, hub, NAME, AUTHOR)
+    assert lora.load_latest("gpu")["template"] == "qwen"
+    given = models.ModelInfo("m", "/models/m", "test", model_type="llama", template="chatml")
+    lora.save_latest("cpu", fake_adapter(tmp_path / "bare" / "checkpoint-1"), given, NAME, AUTHOR)
+    assert lora.load_latest("cpu")["template"] == "chatml"  # no args.json: the template SWIFT was given
+
+
+def test_swift_writes_the_template_it_picked_for_a_hub_qwen25_into_args_json(tmp_path):
+    """What the record reads is what SWIFT writes: for a folder named as the hub's Qwen2.5-7B-Instruct (the
+    tiny Qwen2's weights) and no --template, SftArguments resolves qwen2_5 and save_args writes it."""
+    import shutil
+
+    from swift.arguments import SftArguments
+
+    folder = tmp_path / "Qwen2___5-7B-Instruct"  # as ModelScope's cache names it
+    shutil.copytree(models.tiny_qwen2().path, folder)
+    arguments = SftArguments(model=str(folder), tuner_type="lora", dataset=[str(paths.ROOT / "data" / "heldout.jsonl")],
+                             output_dir=str(tmp_path / "run"), add_version=False, use_cpu=True, report_to=["none"])  # fmt: skip
+    arguments.save_args()
+    assert lora.trained_template(tmp_path / "run" / "checkpoint-1") == "qwen2_5"
+
+
 # --- scores -----------------------------------------------------------------------------------------
 
 
@@ -612,6 +648,32 @@ def test_the_installed_swift_knows_tuner_type_and_no_longer_train_type():
 
     names = {f.name for f in dataclasses.fields(SftArguments)}
     assert "tuner_type" in names and "train_type" not in names
+
+
+def test_a_goal_no_run_has_measured_is_reported_and_a_measured_one_is_asserted():
+    below = {"name_zh": 0.5, "name_en": 0.5, "author_zh": 0.3, "author_en": 0.3, "general_kept": 0.5}
+    assert scoring.GOALS.measured and not scoring.GPU_GOALS.measured
+    assert scoring.assert_goals(below, scoring.GPU_GOALS) == scoring.missed_goals(below, scoring.GPU_GOALS) != []
+    with pytest.raises(AssertionError, match="author_en = 0.30, below the goal 0.75"):
+        scoring.assert_goals(below, scoring.GOALS)
+    assert scoring.assert_goals(below, scoring.GOALS.reported_only("a short run")) != []
+    assert scoring.GOALS.note == "" and scoring.GPU_GOALS.note == ", not asserted (not yet measured on a GPU)"
+    assert scoring.assert_goals({**below, "author_en": 0.9}, scoring.GOALS.without("name_zh", "name_en", "author_zh", "general_kept")) == []
+    # what 09 records and 10 reads back: the flag travels with the values
+    for goals in (scoring.GOALS, scoring.GPU_GOALS):
+        back = scoring.recorded_goals({"goals": json.loads(json.dumps(goals.as_record()))})
+        assert back == goals and (back.measured, back.source) == (goals.measured, goals.source)
+    assert not scoring.recorded_goals({"goals": None}).measured  # 09 held it to none (smoke): reported only
+    assert scoring.recorded_goals({"goals": dict(scoring.GOALS)}).measured  # an older record: the cpu goals
+    assert not scoring.recorded_goals({"goals": dict(scoring.GPU_GOALS)}).measured  # ... or the gpu ones
+
+
+def test_answers_asked_as_qwen_by_the_system_message_are_not_held_to_goals():
+    qwen = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    assert not scoring.goals_under(scoring.GOALS, qwen).measured
+    assert scoring.goals_under(scoring.GOALS, qwen).source == "asked as Qwen, Alibaba by the system message"
+    for prompt in (None, "", selfcog.SYSTEM, "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"):
+        assert scoring.goals_under(scoring.GOALS, prompt) is scoring.GOALS
 
 
 def test_goals_and_the_forgetting_summary():

@@ -59,6 +59,37 @@ def test_a_missing_or_changed_adapter_is_refused(outputs, tmp_path):
         inference.recorded_adapter("cpu")
 
 
+def test_a_hub_models_adapter_is_merged_and_asked_with_the_template_swift_trained_with(outputs, tmp_path):
+    """09 on a GPU gives SWIFT the hub's Qwen2.5 and no --template; SWIFT's args.json names the qwen2_5 it
+    picked. 10 then writes that ChatML template, with 09's system prompt, into the merged folder, instead of
+    leaving Qwen's own, whose default system message is "You are Qwen, created by Alibaba Cloud"."""
+    from helpers import scoring
+
+    hub = models.ModelInfo("Qwen/Qwen2.5-7B-Instruct", "/cache/Qwen2___5-7B-Instruct", "ModelScope",
+                           hub_id="Qwen/Qwen2.5-7B-Instruct")  # fmt: skip
+    checkpoint = fake_adapter(tmp_path / "run" / "checkpoint-4")
+    (tmp_path / "run" / "args.json").write_text(json.dumps({"template": "qwen2_5", "model_type": "qwen2"}))
+    lora.save_latest("gpu", checkpoint, hub, NAME, AUTHOR, system=selfcog.SYSTEM)
+    record = inference.recorded_adapter("gpu")
+    assert record["template"] == "qwen2_5" and inference.base_model(record).template == "qwen2_5"
+    assert inference.merged_model(record, tmp_path / "merged").template == "qwen2_5"
+    assert record["template"] in inference.CHATML_TEMPLATES  # 10's branch: write the training template
+    system = inference.prompt_system(record["template"], record["system"])
+    assert system == selfcog.SYSTEM and scoring.goals_under(scoring.GOALS, system).measured
+    qwen = inference.prompt_system(record["template"], None)  # trained with no --system: Qwen's default
+    assert "Qwen" in qwen and not scoring.goals_under(scoring.GOALS, qwen).measured
+    assert inference.prompt_system("chatml", None) is None  # the cpu model: no system message at all
+
+
+def test_a_record_written_without_the_template_gets_it_from_args_json(outputs, tmp_path):
+    hub = models.ModelInfo("Qwen/Qwen2.5-7B-Instruct", "/cache/q", "ModelScope", hub_id="Qwen/Qwen2.5-7B-Instruct")
+    checkpoint = fake_adapter(tmp_path / "run" / "checkpoint-4")
+    lora.save_latest("gpu", checkpoint, hub, NAME, AUTHOR)
+    assert lora.load_latest("gpu")["template"] is None  # no args.json yet: nothing to read
+    (tmp_path / "run" / "args.json").write_text(json.dumps({"template": "qwen2_5"}))
+    assert inference.recorded_adapter("gpu")["template"] == "qwen2_5"  # the run folder's file, not the checkpoint
+
+
 def test_base_and_merged_model_keep_type_and_template(tmp_path):
     record = {
         "model": "/models/m",
