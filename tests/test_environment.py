@@ -290,7 +290,19 @@ def test_a_gpu_has_kernels_in_a_build_exactly_where_torch_says_so():
             assert (said == "") is runs, (cuda, device, said)
 
 
-def test_cuda_problem_says_nothing_for_this_cpu_build():
+def test_cuda_problem_says_nothing_for_this_cpu_build_and_the_gpu_pages_command_runs():
+    import shlex
+    import subprocess
+    import sys
+
     import torch
 
     assert torch.version.cuda is None and environment.cuda_problem() == ""
+    for page in ("gpu.md", "gpu.zh-CN.md"):  # the command docs/gpu.md gives, and the driver it names
+        text = (paths.ROOT / "docs" / page).read_text()
+        [command] = [line for line in text.splitlines() if "environment.cuda_problem()" in line]
+        assert f"driver >= {environment.DRIVER_FOR_CUDA[13]}" in text, page
+    python, *args = shlex.split(command)
+    assert python == ".venv/bin/python"
+    done = subprocess.run([sys.executable, *args], cwd=paths.ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout == "no driver or card problem found\n"
