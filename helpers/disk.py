@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,7 +65,7 @@ def _quiet(*names: str):
     try:
         yield
     finally:
-        for log, level in zip(loggers, levels):
+        for log, level in zip(loggers, levels, strict=True):
             log.setLevel(level)
 
 
@@ -84,7 +83,9 @@ def _cached(model_id: str) -> Path | None:
     try:
         with _quiet("modelscope", "modelscope_hub", "modelscope_hub.download"):
             folder = Path(
-                snapshot_download(model_id, revision="master", cache_dir=str(modelscope_cache()), local_files_only=True)
+                snapshot_download(
+                    model_id, revision="master", cache_dir=str(modelscope_cache()), local_files_only=True
+                )
             )
     except HubError:  # CacheNotFound: not there (or an id modelscope cannot look up)
         return None
@@ -105,7 +106,9 @@ def gpu_route_space(outputs) -> str:
     downloading = f"downloading {' and '.join(to_fetch)}"
     writing = "what notebooks 09 and 10 write (adapters, checkpoints, a merged 7B model)"
     if to_fetch and _device(cache) == _device(outputs):  # one disk: the downloads and the outputs together
-        check_space(cache, fetch + 1 + written, f"{downloading} ({fetch:.1f} GB) plus {writing} on the same disk")
+        check_space(
+            cache, fetch + 1 + written, f"{downloading} ({fetch:.1f} GB) plus {writing} on the same disk"
+        )
     else:
         if to_fetch:
             check_space(cache, fetch + 1, downloading)

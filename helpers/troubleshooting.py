@@ -371,7 +371,8 @@ def ptrace_permission(target: int, tracer: int | None = None, proc: Path | None 
     except OSError:
         return False, f"process {target} has ended"
     scope = ptrace_scope(proc)
-    same_user = {int(v) for v in them["Uid"].split()[:3]} == {uid} and {int(v) for v in them["Gid"].split()[:3]} == {gid}
+    uids, gids = ({int(v) for v in them[key].split()[:3]} for key in ("Uid", "Gid"))  # real, effective, saved
+    same_user = uids == {uid} and gids == {gid}
     if scope == 3:
         return False, "kernel.yama.ptrace_scope is 3, so no process may attach with ptrace"
     if not same_user and not capable:

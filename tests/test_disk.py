@@ -12,7 +12,11 @@ GB = 10**9
 
 def free(monkeypatch, gb: float) -> None:
     """Every disk has ``gb`` GB free."""
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**13, 10**13 - int(gb * GB), int(gb * GB)))
+    monkeypatch.setattr(
+        shutil,
+        "disk_usage",
+        lambda path: shutil._ntuple_diskusage(10**13, 10**13 - int(gb * GB), int(gb * GB)),
+    )
 
 
 def complete(folder):
@@ -46,7 +50,9 @@ def test_a_model_in_the_new_layout_counts_as_cached(cache):
 def test_a_model_in_the_new_layout_under_the_default_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("MODELSCOPE_CACHE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    folder = complete(tmp_path / ".cache" / "modelscope" / "models" / "Qwen--Qwen2.5-7B" / "snapshots" / "master")
+    folder = complete(
+        tmp_path / ".cache" / "modelscope" / "models" / "Qwen--Qwen2.5-7B" / "snapshots" / "master"
+    )
     assert disk._cached("Qwen/Qwen2.5-7B") == folder
 
 
@@ -105,7 +111,9 @@ def test_on_two_disks_each_part_is_checked_on_its_own(cache, tmp_path, monkeypat
     outputs = tmp_path / "outputs"
     outputs.mkdir()
     cache.mkdir()
-    monkeypatch.setattr(disk, "_device", lambda folder: 1 if disk._existing(folder) == disk._existing(outputs) else 2)
+    monkeypatch.setattr(
+        disk, "_device", lambda folder: 1 if disk._existing(folder) == disk._existing(outputs) else 2
+    )
     free(monkeypatch, 40)  # each fits on its own disk
     assert "Still to download: 30.6 GB" in disk.gpu_route_space(outputs)
     free(monkeypatch, 31)

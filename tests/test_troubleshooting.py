@@ -166,8 +166,12 @@ def fake_proc(folder, scope, me: str) -> "os.PathLike":
         "root": status_text(1, 0, eff=ALL_CAPS),
         "root-ptrace": status_text(1, 0, eff=ALL_CAPS & ~PTRACE_BIT, bnd=ALL_CAPS & ~PTRACE_BIT),
     }
-    tree = {pid: (ppid, 0 if me.startswith("root") and pid != 500 else uid) for pid, (ppid, uid) in TREE.items()}
-    for pid, text in [("self", selves[me])] + [(pid, status_text(ppid, uid)) for pid, (ppid, uid) in tree.items()]:
+    tree = {
+        pid: (ppid, 0 if me.startswith("root") and pid != 500 else uid) for pid, (ppid, uid) in TREE.items()
+    }
+    for pid, text in [("self", selves[me])] + [
+        (pid, status_text(ppid, uid)) for pid, (ppid, uid) in tree.items()
+    ]:
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "status").write_text(text)
     return proc
@@ -219,7 +223,9 @@ def test_ptrace_permission_of_a_process_that_has_ended(tmp_path):
 
 # --- section 5 of 12: py-spy on the stuck ranks, or the stacks recorded with permission ----------------
 
-REFUSED = "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'"
+REFUSED = (
+    "Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'"
+)
 
 
 def stuck_launch(tmp_path):
@@ -237,7 +243,9 @@ def refusing_py_spy(tmp_path):
     """A py-spy that answers as the real one does when the kernel refuses it (py-spy 0.4.2, as nobody on a
     root process), and leaves a mark that it ran."""
     exe = tmp_path / "py-spy"
-    exe.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(tmp_path / 'py-spy-ran'))}\nprintf '%s' {shlex.quote(REFUSED)} >&2\nexit 1\n")
+    exe.write_text(
+        f"#!/bin/sh\ntouch {shlex.quote(str(tmp_path / 'py-spy-ran'))}\nprintf '%s' {shlex.quote(REFUSED)} >&2\nexit 1\n"
+    )
     exe.chmod(0o755)
     return exe
 
@@ -250,11 +258,17 @@ def the_hang_is_shown(stacks):
     return in_all_reduce == 1 and waiting == 1
 
 
-def test_without_ptrace_permission_section_5_shows_the_stacks_recorded_with_permission(build, tmp_path, monkeypatch):
+def test_without_ptrace_permission_section_5_shows_the_stacks_recorded_with_permission(
+    build, tmp_path, monkeypatch
+):
     monkeypatch.setattr(troubleshooting, "py_spy", lambda: str(refusing_py_spy(tmp_path)))
     why = "kernel.yama.ptrace_scope is 1 (faked for this test)"
-    monkeypatch.setattr(troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (False, why))
-    outcome, dumps, seconds = troubleshooting.run_and_dump(stuck_launch(tmp_path), "stuck.py", ready="ready", ranks=1, timeout=6)
+    monkeypatch.setattr(
+        troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (False, why)
+    )
+    outcome, dumps, seconds = troubleshooting.run_and_dump(
+        stuck_launch(tmp_path), "stuck.py", ready="ready", ranks=1, timeout=6
+    )
     assert isinstance(outcome, launching.LaunchTimeout) and len(dumps) == 1
     assert not (tmp_path / "py-spy-ran").exists(), "py-spy was run although the permission check said no"
     stacks, note = troubleshooting.hang_stacks(dumps)
@@ -267,7 +281,9 @@ def test_without_ptrace_permission_section_5_shows_the_stacks_recorded_with_perm
 
 def test_a_py_spy_refused_despite_the_rules_falls_back_too(tmp_path, monkeypatch):
     monkeypatch.setattr(troubleshooting, "py_spy", lambda: str(refusing_py_spy(tmp_path)))
-    monkeypatch.setattr(troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (True, "same user"))
+    monkeypatch.setattr(
+        troubleshooting, "ptrace_permission", lambda pid, tracer=None, proc=None: (True, "same user")
+    )
     dumps = troubleshooting.dump_stacks([os.getpid()])
     assert (tmp_path / "py-spy-ran").exists() and REFUSED in dumps[os.getpid()]
     stacks, note = troubleshooting.hang_stacks(dumps)
@@ -275,9 +291,12 @@ def test_a_py_spy_refused_despite_the_rules_falls_back_too(tmp_path, monkeypatch
 
 
 def test_live_stacks_are_shown_as_they_are_and_missing_ones_fail_the_check():
-    stacks, note = troubleshooting.hang_stacks({7: PY_SPY_DUMP, 8: "Thread 8 (idle)\n    wait_for_input (hang.py:19)\n"})
+    stacks, note = troubleshooting.hang_stacks(
+        {7: PY_SPY_DUMP, 8: "Thread 8 (idle)\n    wait_for_input (hang.py:19)\n"}
+    )
     assert note is None and stacks[7][2] == "sync_gradients (hang.py:23)" and the_hang_is_shown(stacks)
-    assert not the_hang_is_shown(troubleshooting.hang_stacks({7: PY_SPY_DUMP, 8: ""})[0])  # an empty dump stays empty
+    empty = troubleshooting.hang_stacks({7: PY_SPY_DUMP, 8: ""})[0]  # an empty dump stays empty
+    assert not the_hang_is_shown(empty)
     assert troubleshooting.hang_stacks({}) == ({}, None)  # nothing dumped: nothing shown, and the check fails
 
 
@@ -307,7 +326,8 @@ def test_run_and_dump_sees_the_stuck_function(build, tmp_path):
     frames = troubleshooting.stack_frames(next(iter(dumps.values())))
     assert any(f.startswith("stuck_here (stuck.py:") for f in frames), frames
     stacks, note = troubleshooting.hang_stacks(dumps)
-    assert note is None and list(stacks.values()) == [frames]  # with permission: the live stacks, nothing recorded
+    assert note is None, note  # with permission: the live stacks, nothing recorded
+    assert list(stacks.values()) == [frames]
 
 
 def test_local_repo_path_is_used_by_swifts_loader_without_a_clone(tmp_path):
