@@ -10,6 +10,7 @@ KEEP ?=
 DRY ?=
 NPROC ?=
 SHAPE_ON_CPU ?=
+PRETEND ?=
 # the python of `make gpu-check` on a GPU: the venv's, which `COURSE_KEEP_TORCH=1 make setup` builds beside a
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
@@ -123,7 +124,9 @@ prune: setup
 # On a GPU machine GPU_PYTHON (the venv's python, with a CUDA torch: docs/gpu.md) runs it; it needs no set-up
 # here, which would put the lock's CPU torch into .venv. DRY=1 prints the commands and needs no GPU;
 # SHAPE_ON_CPU=1 runs exactly those commands in the gpu shape on the CPU (make test runs NPROC=1 and NPROC=2).
-GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)),--shape-on-cpu)
+# PRETEND=rtx3090|h100|t4|v100 (with SHAPE_ON_CPU=1): torch believes NPROC such cards are there, in the kernel and
+# in every process meant for the CPU, and fails at once on any real CUDA call (course/pretend/)
+GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)),--shape-on-cpu) $(if $(PRETEND),--pretend $(PRETEND))
 gpu-check:
 ifeq ($(DRY),1)
 	@$(MAKE) --no-print-directory setup

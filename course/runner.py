@@ -549,6 +549,7 @@ GPU_CHECK = {
     "12": {"SWIFT_STEPS": 2, "HUB_WAIT": 2},  # the hub wait has no device in it
 }
 GPU_CHECK_BUDGET = 8 * 60  # seconds on one GPU
+PRETEND_SITE = Path(__file__).parent / "pretend"  # its sitecustomize makes torch believe in a GPU (tests)
 # Its own limits: a hang in an 8-minute check must cost minutes, not the hour a full gpu run allows a launch.
 GPU_CHECK_LAUNCH_TIMEOUT = 300  # seconds any one launch may run (COURSE_LAUNCH_TIMEOUT caps every launch)
 GPU_CHECK_CELL_TIMEOUT = 900  # seconds a cell may run: longer than a launch, so a launch's own timeout fires first
@@ -603,9 +604,11 @@ def gpu_check_folder() -> Path:
     return paths.build_dir() / "gpu-check"
 
 
-def gpu_check_env(shape_on_cpu: bool = False) -> dict[str, str]:
-    """The environment every notebook of ``make gpu-check`` runs in (paths relative to the repository)."""
-    from helpers import launching, profiles
+def gpu_check_env(shape_on_cpu: bool = False, pretend: str | None = None, nproc: int = 1) -> dict[str, str]:
+    """The environment every notebook of ``make gpu-check`` runs in (paths relative to the repository).
+    ``pretend`` (the gpu shape only): torch believes ``nproc`` such cards are there (course/pretend/) in the
+    kernel and in every process meant for the CPU."""
+    from helpers import devices, launching, profiles
 
     folder = Path(paths.relative(gpu_check_folder()))
     env = {
@@ -616,10 +619,13 @@ def gpu_check_env(shape_on_cpu: bool = False) -> dict[str, str]:
     }
     if shape_on_cpu:
         env[profiles.GPU_SHAPE_ON_CPU] = "1"
+    if pretend:
+        env[devices.PRETEND_ENV] = f"{pretend}:{nproc}"
+        env["PYTHONPATH"] = os.pathsep.join([str(PRETEND_SITE), *filter(None, [os.environ.get("PYTHONPATH")])])
     return env
 
 
-def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bool = True) -> str:
+def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bool = True, pretend: str | None = None) -> str:
     """What ``make gpu-check`` runs on ``nproc`` GPUs, as a shell script to run from the repository root: the
     environment, then one papermill command per notebook of GPU_CHECK. ``make gpu-check`` runs exactly these
     lines (:func:`run_script` reads them with papermill's own command line), and ``DRY=1`` prints them.
@@ -628,9 +634,11 @@ def gpu_check_script(nproc: int, shape_on_cpu: bool = False, illustrate_seed: bo
 
     from helpers import models, profiles, sft
 
-    env = gpu_check_env(shape_on_cpu)
+    env = gpu_check_env(shape_on_cpu, pretend, nproc)
     folder = Path(env["COURSE_BUILD_DIR"])
     where = "in its gpu shape on the CPU" if shape_on_cpu else f"on {nproc} GPU{'s' if nproc > 1 else ''}"
+    if pretend:
+        where += f", torch pretending {nproc} {pretend} card{'s' if nproc > 1 else ''}"
     lines = [
         f"# make gpu-check {where}: the gpu profile on a tiny Qwen2 built on the spot, from the repository root",
         "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()),
@@ -751,18 +759,26 @@ def gpu_python_problem() -> str | None:
 
 
 def gpu_check(
-    dry: bool = False, nproc: int | None = None, shape_on_cpu: bool = False, only=None
+    dry: bool = False, nproc: int | None = None, shape_on_cpu: bool = False, only=None, pretend: str | None = None
 ) -> int:
     """``make gpu-check``: run :func:`gpu_check_script` (the gpu profile on the tiny Qwen2) and write the
     report in its own folder. ``dry``: print the script instead, for 1 and 8 GPUs unless ``nproc`` is given
     (needs no GPU). ``shape_on_cpu``: the same script in the gpu shape on the CPU (COURSE_GPU_SHAPE_ON_CPU=1:
     gloo instead of nccl, no CUDA), with ``nproc`` processes per launch (default 1). ``only``: some of the
-    notebook numbers (for trying one by hand; make gpu-check runs them all)."""
+    notebook numbers (for trying one by hand; make gpu-check runs them all). ``pretend``: with ``shape_on_cpu``,
+    torch believes that card is there, ``nproc`` of them (course/pretend/sitecustomize.py)."""
     from helpers import models, profiles
 
+    if pretend:
+        from course.pretend.sitecustomize import CARDS
+
+        if not shape_on_cpu or pretend not in CARDS:
+            print(f"error: PRETEND = {pretend!r} goes with SHAPE_ON_CPU=1 and names a card: {', '.join(CARDS)}.",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if dry:
         for count in [nproc] if nproc else [1, 8]:
-            print(gpu_check_script(count, shape_on_cpu))
+            print(gpu_check_script(count, shape_on_cpu, pretend=pretend))
         return 0
     if not shape_on_cpu:
         problem = gpu_python_problem()
@@ -771,7 +787,7 @@ def gpu_check(
             return 2
     nproc = nproc or (1 if shape_on_cpu else profiles.count_gpus())
     folder = gpu_check_folder()  # before its own COURSE_BUILD_DIR is set, which names this very folder
-    script = gpu_check_script(nproc, shape_on_cpu)
+    script = gpu_check_script(nproc, shape_on_cpu, pretend=pretend)
     env, calls = read_script(script)
     if only:
         calls = [c for c in calls if Path(c["input_path"]).name[:2] in {o.zfill(2) for o in only}]
@@ -802,6 +818,7 @@ def main(argv=None) -> int:
     gc.add_argument("--nproc", default="", help="processes per launch; default: one per GPU (1 on the CPU)")
     gc.add_argument("--shape-on-cpu", action="store_true", help="the gpu shape on the CPU (gloo, no CUDA)")
     gc.add_argument("--only", nargs="*", help="some notebook numbers, e.g. 09 10 (make gpu-check runs all)")
+    gc.add_argument("--pretend", default=None, help="with --shape-on-cpu: torch believes this card is there")
     pr = sub.add_parser("prune", help="delete all but the newest KEEP versions of each run in build/outputs/")
     pr.add_argument("--keep", required=True)
     pr.add_argument("--dry-run", action="store_true")
@@ -814,7 +831,8 @@ def main(argv=None) -> int:
             return 2
         signal.signal(signal.SIGTERM, _terminated)
         try:
-            return gpu_check(args.dry, int(args.nproc) if args.nproc else None, args.shape_on_cpu, args.only)
+            return gpu_check(args.dry, int(args.nproc) if args.nproc else None, args.shape_on_cpu, args.only,
+                             args.pretend or None)  # fmt: skip
         except KeyboardInterrupt:
             stop_children()
             return 130

@@ -1,7 +1,8 @@
-"""`make gpu-check SHAPE_ON_CPU=1 NPROC=1` and `NPROC=2`: exactly what `make gpu-check` runs on one GPU and
-on two (the notebooks of runner.GPU_CHECK, their parameters, the printed commands), in the gpu shape on the
-CPU: COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the seed's recipe (bf16, gradient
-checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. Nothing is picked by
+"""`make gpu-check SHAPE_ON_CPU=1 NPROC=1 PRETEND=rtx3090` and `NPROC=2 PRETEND=h100`: exactly what `make
+gpu-check` runs on one GPU and on two (the notebooks of runner.GPU_CHECK, their parameters, the printed commands),
+in the gpu shape on the CPU, with torch believing those cards are there: COURSE_GPU_SHAPE_ON_CPU=1 takes every
+gpu value of every pick and the seed's recipe (bf16, gradient checkpointing, the system prompt) on the tiny
+Qwen2, with gloo for nccl and no CUDA. Nothing is picked by
 hand: a notebook that joins GPU_CHECK joins these runs.
 
 What a notebook did is read from what it recorded (``report.record``, which the runner collects into the
@@ -21,6 +22,10 @@ import swift_cli
 from course import runner
 from helpers import lora, paths, selfcog, swiftcli
 
+# the card torch believes in, in the kernel and in every process meant for the CPU (course/pretend/): any of
+# those that touches CUDA fails the run at once, with the stack that did
+PRETEND = {1: "rtx3090", 2: "h100"}
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])
 def shape(request):
@@ -32,11 +37,12 @@ def shape(request):
     build = paths.build_dir() / f"shape-{nproc}"
     shutil.rmtree(build, ignore_errors=True)
     env = {**os.environ, "COURSE_BUILD_DIR": str(build)}
-    target = ["make", "--no-print-directory", "gpu-check", "SHAPE_ON_CPU=1", f"NPROC={nproc}"]
+    target = ["make", "--no-print-directory", "gpu-check", "SHAPE_ON_CPU=1", f"NPROC={nproc}", f"PRETEND={PRETEND[nproc]}"]
     done = subprocess.run(target, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=2400)
     dry = subprocess.run([*target, "DRY=1"], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    return {"nproc": nproc, "build": build, "folder": build / "gpu-check", "out": done.stdout, "dry": dry.stdout}
+    return {"nproc": nproc, "build": build, "folder": build / "gpu-check", "out": done.stdout, "dry": dry.stdout,
+            "pretend": PRETEND[nproc]}  # fmt: skip
 
 
 def metrics(shape, number: str) -> dict:
@@ -62,7 +68,7 @@ def test_every_notebook_of_gpu_check_passes(shape):
 def test_the_run_executed_the_text_dry_prints(shape):
     """The script at the top of the run is DRY=1's, and each notebook got the parameters its line gives."""
     with runner.environment({"COURSE_BUILD_DIR": str(shape["build"])}):
-        script = runner.gpu_check_script(shape["nproc"], shape_on_cpu=True)
+        script = runner.gpu_check_script(shape["nproc"], shape_on_cpu=True, pretend=shape["pretend"])
     assert script in shape["dry"] and script in shape["out"]
     _, calls = runner.read_script(script)
     for call in calls:
