@@ -202,6 +202,9 @@ def resolve(profile: str = "auto", *, nproc: int | None = None, model=None, **kn
     note = environment.check_torch()  # a GPU image's own torch: stop with one sentence if it is too old
     if note:
         print(note)
+    unusable = environment.cuda_problem()  # a CUDA torch that cannot use the GPU (driver, card): why, in a sentence
+    if unusable:
+        print(unusable)
     gpus = count_gpus()
     name, reason = _choose(profile, gpus)
     pretended = bool(os.environ.get(devices.PRETEND_ENV))  # tests: torch believes in a GPU that is not there

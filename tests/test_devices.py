@@ -141,3 +141,14 @@ def test_a_measured_device_map_timeline_waits_for_every_gpu_it_uses(monkeypatch)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
     devicemap.sync_devices({"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": 1})()
     assert waited == [0, 1]
+
+
+def test_a_cuda_torch_that_cannot_use_the_gpu_says_why_before_the_profile_falls_back_to_the_cpu(monkeypatch, capsys):
+    from helpers import environment
+
+    why = "torch 2.13.0 is a CUDA 13.0 build, and this machine's NVIDIA driver 550.54 runs CUDA up to 12.4: ..."
+    monkeypatch.setattr(environment, "cuda_problem", lambda: why)
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 0)
+    monkeypatch.delenv("COURSE_PROFILE", raising=False)
+    assert profiles.resolve("auto").name == "cpu"
+    assert why in capsys.readouterr().out

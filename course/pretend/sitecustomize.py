@@ -93,6 +93,7 @@ def patch(cuda) -> None:
     cuda.get_device_properties = lambda device=None: (check(device), props)[1]
     cuda.mem_get_info = lambda device=None: (check(device), (memory, memory))[1]
     cuda.is_initialized = lambda: False
+    cuda.get_arch_list = lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # PyPI's torch 2.13 (CUDA 13)
     # a real card makes a bfloat16 tensor even where it only emulates bf16 (T4, V100), so that
     # is_bf16_supported() says True there unless asked for native support (including_emulation=False)
     cuda._check_bf16_tensor_supported = lambda device: True
