@@ -97,9 +97,10 @@ class Chat:
             template_type=info.template,
             torch_dtype=getattr(torch, dtype) if dtype else (torch.bfloat16 if cuda else torch.float32),
             max_batch_size=max_batch_size,
-            # one GPU: left to itself, SWIFT spreads a model over every GPU this kernel sees (device_map
-            # "auto" when there are more GPUs than processes: swift/model/utils.py, get_default_device_map)
-            device_map="cuda:0" if cuda else None,
+            # one GPU, or none: left to itself (None), SWIFT spreads a model over every GPU this kernel sees (device_map
+            # "auto" when there are more GPUs than processes: swift/model/utils.py, get_default_device_map), even
+            # on the cpu profile of a machine that has GPUs
+            device_map="cuda:0" if cuda else "cpu",
         )
         models.hold(self.engine.model)
 
