@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import html
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +32,16 @@ from helpers import paths
 # (notebook 09: 600 s on cpu, 240 s on smoke, 3600 s on gpu), so that a launch's own timeout, which
 # names the job and prints its last lines, always fires first.
 CELL_TIMEOUT = {"cpu": 1200, "smoke": 600, "gpu": 7200}
+# The other stages of a notebook's run, each with a deadline of its own so that none can hang the run: the
+# kernel's start (papermill's start_timeout: it must answer within this), closing the kernel's connections
+# and stopping what the notebook left running, and rendering its HTML page (:func:`deadline`).
+KERNEL_START_TIMEOUT = 60
+CLOSING_TIMEOUT = 60
+HTML_TIMEOUT = 120
+DEADLINE_GRACE = 15  # seconds a stage past its deadline has to end; then the runner exits (status 124)
+# A Unix socket's path holds at most 107 bytes (sun_path[108], with its closing NUL): the kernels' socket
+# files live in a short folder of their own (:func:`socket_folder`), never under the checkout.
+SOCKET_PATH_MAX = 107
 # Wall-time budgets in seconds per notebook number and profile; the report compares against them.
 BUDGETS = {
     "00": {"cpu": 30, "smoke": 30},
@@ -126,25 +139,155 @@ def _first_code_line(source: str) -> str:
     return source.strip().splitlines()[0] if source.strip() else ""
 
 
-def _ipc_kernel_manager():
-    """A kernel manager whose kernels talk over local files (ZeroMQ's ipc transport) in build/kernels/.
+def socket_bases() -> list[Path]:
+    """Where a kernel's socket folder may go, in order: $XDG_RUNTIME_DIR (this user's own), the temporary
+    folder, /tmp."""
+    found = [os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), "/tmp"]
+    return [Path(base) for base in dict.fromkeys(found) if base]
 
-    Over TCP (the default) ipykernel warns at every start that it runs "over TCP without encryption",
-    once per notebook of a run; with ipc nothing listens on a port and there is nothing to warn about.
+
+def socket_folder() -> Path | None:
+    """A fresh folder (mode 0700) for one kernel's socket files, in ``<base>/ddp-course-<uid>/`` for the first
+    of :func:`socket_bases` where the socket paths fit in SOCKET_PATH_MAX bytes; None where none does.
+
+    ``ddp-course-<uid>`` is used only when it is this user's own folder and no one else may write in it (a
+    folder another user made there first is passed over)."""
+    for base in socket_bases():
+        parent = base / f"ddp-course-{os.getuid()}"
+        if len(os.fsencode(parent / "k12345678" / "kernel-65535")) > SOCKET_PATH_MAX:
+            continue
+        try:
+            parent.mkdir(mode=0o700, exist_ok=True)
+            info = parent.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                continue
+            return Path(tempfile.mkdtemp(prefix="k", dir=parent))
+        except OSError:
+            continue
+    return None
+
+
+def _kernel_manager(opened: list):
+    """A kernel manager class whose kernels talk over ZeroMQ's ipc transport, their socket files in a folder
+    of their own from :func:`socket_folder` (removed by :func:`close_kernels`), or, where no such folder can
+    be made, over TCP on 127.0.0.1 with CurveZMQ encryption; each manager and each client it makes is
+    appended to ``opened``, for :func:`close_kernels`.
+
+    Over plain TCP (jupyter_client's default) ipykernel warns at every start that it runs "over TCP without
+    encryption", once per notebook of a run, and listens on ports any local user can reach; over ipc nothing
+    listens on a port and there is nothing to warn about. The socket files are never put under the checkout:
+    a Unix socket's path holds 107 bytes, which a clone at a long path (GitHub's runner puts a fork at
+    /home/runner/work/<repo>/<repo>) would pass.
     """
+    import zmq
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    class IpcKernelManager(AsyncKernelManager):
+    class CourseKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            self.socket_folder = socket_folder()
+            super().__init__(**kwargs)
+            opened.append(self)
+
         @default("transport")
         def _transport_default(self):
-            return "ipc"
+            return "ipc" if self.socket_folder else "tcp"
 
         @default("ip")
         def _ip_default(self):
-            return str(paths.run_dir("kernels") / "kernel")  # the socket files' prefix; removed at shutdown
+            return str(self.socket_folder / "kernel") if self.socket_folder else "127.0.0.1"
 
-    return IpcKernelManager
+        @default("transport_encryption")
+        def _transport_encryption_default(self):
+            return "disabled" if self.socket_folder or not zmq.has("curve") else "auto"
+
+        def client(self, **kwargs):
+            made = super().client(**kwargs)
+            opened.append(made)
+            return made
+
+    return CourseKernelManager
+
+
+_CHANNELS = ("_shell_channel", "_iopub_channel", "_stdin_channel", "_hb_channel", "_control_channel")
+
+
+def close_kernels(opened: list) -> None:
+    """Close every kernel client and manager in ``opened`` (:func:`_kernel_manager`): their channels, their
+    ZeroMQ contexts (at once: linger 0) and the kernel's socket folder.
+
+    papermill closes them itself when a notebook ends normally; where a client failed to connect (a socket
+    path past 107 bytes), its context was left open, and the garbage collector, running in whatever the
+    runner did next (rendering the next page), hung in that context's ``term()``, which no signal ends.
+    """
+    for thing in reversed(opened):  # the clients, made after their manager, first
+        values = thing._trait_values  # what was made: reading a trait would make a missing one
+        for name in _CHANNELS:
+            channel = values.get(name)
+            try:
+                if channel is not None and channel.is_alive():
+                    channel.stop()
+            except Exception:  # a channel that never connected
+                pass
+        context = values.get("context")
+        if context is not None and getattr(thing, "_created_context", False) and not context.closed:
+            context.destroy(linger=0)
+        folder = getattr(thing, "socket_folder", None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    opened.clear()
+
+
+class StageTimeout(Exception):
+    """A stage of a notebook's run (:func:`deadline`) did not end in time; the message says which."""
+
+
+def _raise_in(thread_id: int, exception) -> None:
+    """Have ``exception`` (a class, or None to take it back) raised in the thread ``thread_id`` at its next
+    Python instruction."""
+    import ctypes
+
+    raised = ctypes.py_object(exception) if exception else None  # None: NULL, which takes a pending one back
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), raised)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, sentence: str, grace: float = DEADLINE_GRACE):
+    """Run the block with a deadline: past ``seconds``, ``sentence`` is printed (one line, to stderr) and
+    the block ends with :class:`StageTimeout` (``sentence``). Where it cannot end, being stuck outside Python
+    (in a C call that no signal interrupts), everything this process started is stopped after ``grace``
+    more seconds and the process exits with status 124."""
+    me, lock, state = threading.get_ident(), threading.Lock(), {"over": False, "fired": False}
+    done = threading.Event()
+
+    class PastDeadline(StageTimeout):  # raised as a class (made with no arguments): it knows its sentence
+        def __init__(self):
+            super().__init__(sentence)
+
+    def watch():
+        if done.wait(seconds):
+            return
+        with lock:
+            if state["over"]:
+                return
+            state["fired"] = True
+            print(f"error: {sentence}", file=sys.stderr, flush=True)
+            _raise_in(me, PastDeadline)
+        if not done.wait(grace):
+            stop_children()
+            os._exit(124)
+
+    watcher = threading.Thread(target=watch, daemon=True, name="deadline")
+    watcher.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["over"] = True
+            if state["fired"]:
+                _raise_in(me, None)  # not yet delivered: taken back
+        done.set()
+        watcher.join()
 
 
 def execute(
@@ -157,7 +300,9 @@ def execute(
     kernel: str = "python3",
 ) -> NotebookRun:
     """Run one notebook with papermill (kernel working directory: ``cwd``, notebooks/ by default); whatever
-    its launches left running when it ends (a cell timed out, the kernel died) is stopped."""
+    its launches left running when it ends (a cell timed out, the kernel died) is stopped. The kernel's
+    connections are closed, and a stage past its deadline (the kernel's start, a cell, closing) fails the
+    notebook with one sentence."""
     import nbformat
     import papermill as pm
 
@@ -165,6 +310,7 @@ def execute(
     out.parent.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_NOTEBOOK"] = notebook.stem
     start = time.perf_counter()
+    opened = []
     with PeakMemory() as memory:
         before = {child.pid for child in psutil.Process().children()}
         try:
@@ -176,7 +322,8 @@ def execute(
                 kernel_name=kernel,
                 progress_bar=progress,
                 execution_timeout=cell_timeout,
-                kernel_manager_class=_ipc_kernel_manager(),
+                start_timeout=KERNEL_START_TIMEOUT,
+                kernel_manager_class=_kernel_manager(opened),
             )
             run.status = "passed"
         except pm.PapermillExecutionError as exc:
@@ -193,10 +340,22 @@ def execute(
                 "cell": None,
                 "line": "",
                 "error": type(exc).__name__,
-                "message": str(exc).splitlines()[0],
+                "message": (str(exc).splitlines() or [""])[0],
             }
-        still = _described(c for c in psutil.Process().children() if c.pid not in before)
-        left = stop_children(exclude=before)  # the kernel is gone: what still runs was left by a failure
+        finally:  # on Ctrl-C too, before the run stops what the notebook started
+            try:
+                with deadline(CLOSING_TIMEOUT, _closing_sentence(notebook)):
+                    close_kernels(opened)
+            except StageTimeout as exc:
+                run.status, run.error = "failed", _stage_error(exc)
+        try:
+            with deadline(CLOSING_TIMEOUT, _closing_sentence(notebook)):
+                still = _described(c for c in psutil.Process().children() if c.pid not in before)
+                left = stop_children(exclude=before)  # the kernel is gone: what still runs was left behind
+                gc.collect()  # any other ZeroMQ context left to the collector goes here, within the deadline
+        except StageTimeout as exc:
+            still, left = "", 0
+            run.status, run.error = "failed", _stage_error(exc)
     if left and run.status == "passed":
         print(f"{notebook.name}: {left} process(es) it left running were stopped: {still}", flush=True)
     run.seconds = round(time.perf_counter() - start, 1)
@@ -207,12 +366,27 @@ def execute(
     return run
 
 
+def _closing_sentence(notebook: Path) -> str:
+    return (
+        f"Closing {notebook.name}'s kernel and what it left running did not end within {CLOSING_TIMEOUT} s; "
+        "the run stopped waiting for it."
+    )
+
+
+def _stage_error(exc: StageTimeout) -> dict:
+    """A run's ``error`` for a stage past its deadline: the stage's one sentence."""
+    return {"cell": None, "line": "", "error": "StageTimeout", "message": str(exc)}
+
+
 def _described(processes) -> str:
-    """What the processes are, by the start of their command lines, for a message."""
+    """What the processes are, by the start of their command lines, for a message: the program by its name
+    alone (``python``, not a long checkout's path to its .venv), then the first arguments, which say what
+    it is."""
     said = []
     for proc in processes:
         try:
-            said.append(" ".join(proc.cmdline()[:4])[:120] or proc.name())
+            words = proc.cmdline()[:4]
+            said.append(" ".join([os.path.basename(words[0]), *words[1:]])[:120] if words else proc.name())
         except psutil.Error:
             continue
     return "; ".join(said) or "(gone before they could be named)"
@@ -460,7 +634,15 @@ def run_course(
         run.budget_seconds = BUDGETS.get(notebook.name[:2], {}).get(chosen)
         if Path(run.executed).exists():
             run.html = str(build / "html" / f"{notebook.stem}.html")
-            render_html(Path(run.executed), Path(run.html))
+            rendering = (
+                f"Rendering {notebook.name}'s HTML page did not end within {HTML_TIMEOUT} s; "
+                "the run goes on without it."
+            )
+            try:
+                with deadline(HTML_TIMEOUT, rendering):
+                    render_html(Path(run.executed), Path(run.html))
+            except StageTimeout:
+                run.html = ""
         mark = "ok" if run.status == "passed" else "FAILED"
         print(f"[{i}/{len(jobs)}] {notebook.name}: {mark} in {run.seconds:.0f} s", flush=True)
         runs.append(run)

@@ -5,6 +5,7 @@ runner's own work (order, report, pages, failures, interrupts) is checked on sma
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,6 +96,8 @@ def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capfd
     monkeypatch.setattr(paths, "NOTEBOOKS", lessons)
     build = tmp_path / "build"
     monkeypatch.setenv("COURSE_BUILD_DIR", str(build))  # run_course sets it; restored after the test
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(runner, "socket_bases", lambda: [tmp_path / "run"])  # the kernels' socket folders
     assert runner.run_course("smoke", build=build, progress=False) == 0
     report = json.loads((build / "report.json").read_text())
     assert report["profile"] == "smoke"
@@ -110,7 +113,9 @@ def test_a_run_executes_in_course_order_and_reports(tmp_path, monkeypatch, capfd
     assert positions == sorted(positions), "index.html must list the notebooks in course order"
     out, err = capfd.readouterr()  # the kernels' own stderr too
     assert "without encryption" not in err  # ipc transport: no TCP warning from every kernel
-    assert not list((build / "kernels").iterdir())  # and no socket file left behind
+    sockets = tmp_path / "run" / f"ddp-course-{os.getuid()}"
+    assert sockets.is_dir() and not list(sockets.iterdir())  # the kernels' folders were there, and are gone
+    assert not (build / "kernels").exists()  # never under the checkout, whose path may be long
     assert f"Report: {build / 'report.md'}" in out
     assert "Outputs: " in out and "make prune KEEP=2" in out
     assert "| answer | 42 |" in (build / "report.md").read_text()
@@ -296,3 +301,118 @@ def test_refresh_stores_outputs_and_the_runs_profile_time_and_memory(tmp_path, m
     assert stored.cells[1].outputs[0]["text"] == "hello\n"
     assert "papermill" not in stored.metadata
     assert stored.metadata["course_run"] == {"profile": "cpu", "seconds": 12, "peak_memory_mb": 456}
+
+
+def tiny_notebook(path):
+    nb = new_notebook(cells=[new_markdown_cell("# Tiny"), new_code_cell("print('hello')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_kernel_sockets_live_in_a_short_private_folder_of_their_own(tmp_path, monkeypatch):
+    """A Unix socket's path holds 107 bytes: the kernels' folder is short, this user's alone, and fresh for
+    each kernel; where no folder is short enough there is none (the kernel then talks over TCP)."""
+    monkeypatch.setattr(runner, "socket_bases", lambda: [tmp_path])
+    first, second = runner.socket_folder(), runner.socket_folder()
+    assert first != second and first.parent == second.parent == tmp_path / f"ddp-course-{os.getuid()}"
+    for folder in (first, first.parent):
+        assert folder.stat().st_mode & 0o777 == 0o700
+    assert len(os.fsencode(first / "kernel-65535")) <= runner.SOCKET_PATH_MAX
+    deep = tmp_path / ("x" * runner.SOCKET_PATH_MAX)
+    deep.mkdir()
+    monkeypatch.setattr(runner, "socket_bases", lambda: [deep])
+    assert runner.socket_folder() is None
+    taken = tmp_path / "taken"  # a ddp-course-<uid> anyone may write in is passed over
+    (taken / f"ddp-course-{os.getuid()}").mkdir(parents=True, mode=0o777)
+    (taken / f"ddp-course-{os.getuid()}").chmod(0o777)
+    monkeypatch.setattr(runner, "socket_bases", lambda: [taken, tmp_path])
+    assert runner.socket_folder().parent == tmp_path / f"ddp-course-{os.getuid()}"
+
+
+def test_where_no_socket_folder_is_short_enough_the_kernel_talks_over_encrypted_tcp(tmp_path, monkeypatch,
+                                                                                     capfd):  # fmt: skip
+    deep = tmp_path / ("x" * runner.SOCKET_PATH_MAX)
+    deep.mkdir()
+    monkeypatch.setattr(runner, "socket_bases", lambda: [deep])
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path / "build"))
+    tiny_notebook(tmp_path / "01_tiny.ipynb")
+    run = runner.execute(tmp_path / "01_tiny.ipynb", tmp_path / "out.ipynb", {}, progress=False, cwd=tmp_path)
+    assert run.status == "passed", run.error
+    assert "without encryption" not in capfd.readouterr().err  # CurveZMQ: nothing in plain text on a port
+    assert not list(deep.iterdir())
+
+
+def test_a_kernel_that_cannot_connect_fails_its_notebook_and_leaves_no_context_to_hang_the_run(tmp_path):
+    """A client whose sockets cannot connect (here: a socket path past 107 bytes) leaves a ZeroMQ context
+    open; left to the garbage collector, its ``term()`` waits forever, in whatever the runner does next, and
+    no signal ends it. The runner closes every client and context when a notebook ends."""
+    tiny_notebook(tmp_path / "01_tiny.ipynb")
+    deep = tmp_path / ("x" * runner.SOCKET_PATH_MAX)
+    driver = (
+        "import gc, sys; from pathlib import Path; from course import runner\n"
+        f"deep = Path({str(deep)!r}); deep.mkdir()\n"
+        "runner.socket_folder = lambda: deep\n"
+        f"run = runner.execute(Path({str(tmp_path / '01_tiny.ipynb')!r}),\n"
+        f"                     Path({str(tmp_path / 'out.ipynb')!r}), {{}}, progress=False,\n"
+        f"                     cwd=Path({str(tmp_path)!r}))\n"
+        "print(run.status, run.error['error'], run.error['message'], flush=True)\n"
+        "gc.collect()\n"
+        "print('collected', flush=True)\n"
+    )
+    env = {**os.environ, "COURSE_BUILD_DIR": str(tmp_path / "build")}
+    try:  # well before the closing stage's own deadline would end it
+        done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, env=env,
+                              timeout=45)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the runner hung after a kernel that could not connect: {exc.stdout!r}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "failed ZMQError File name too long" in done.stdout
+    assert "collected" in done.stdout
+
+
+def test_a_process_is_named_by_what_it_runs_whatever_the_interpreters_path(tmp_path):
+    """A checkout at a long path gives its .venv's python a path that would fill the 120 characters a name
+    has before the arguments that say what the process is."""
+    interpreter = "/home/runner/work/" + "a-long-checkout/" * 8 + ".venv/bin/python"
+    marker = f"named-{os.getpid()}-{time.monotonic_ns()}"
+    argv = [interpreter, "-c", "import time; time.sleep(60)", marker]
+    proc = subprocess.Popen(argv, executable=sys.executable)  # argv[0]: the long path, as /proc shows it
+    try:
+        import psutil
+
+        said = runner._described([psutil.Process(proc.pid)])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert said == f"python -c import time; time.sleep(60) {marker}"
+
+
+def test_a_stage_past_its_deadline_ends_with_one_sentence(capfd):
+    sentence = "Rendering 01_tiny.ipynb's HTML page did not end within 0.5 s; the run goes on without it."
+    start = time.monotonic()
+    with pytest.raises(runner.StageTimeout) as info:
+        with runner.deadline(0.5, sentence):
+            while True:
+                time.sleep(0.05)
+    assert time.monotonic() - start < 5
+    assert str(info.value) == sentence
+    assert capfd.readouterr().err == f"error: {sentence}\n"
+    with runner.deadline(0.5, sentence):  # a stage that ends in time is left alone
+        time.sleep(0.1)
+    time.sleep(0.6)
+    assert capfd.readouterr().err == ""
+
+
+def test_a_stage_stuck_where_python_cannot_end_it_ends_the_run(tmp_path):
+    """A stage stuck in a C call no signal interrupts (as ZeroMQ's ``term()``): past its deadline and the
+    grace after it, the runner stops what it started and exits with status 124, having said why."""
+    driver = (
+        "import time; from course import runner\n"
+        "with runner.deadline(0.5, 'Closing 01_tiny.ipynb took too long.', grace=0.5):\n"
+        "    time.sleep(60)  # one C call: the StageTimeout cannot be raised inside it\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 124, done.stderr[-2000:]
+    assert done.stderr == "error: Closing 01_tiny.ipynb took too long.\n"
+    assert time.monotonic() - start < 20
