@@ -38,7 +38,8 @@ class Profile:
     model: str | None  # a local model directory or a ModelScope id; None: the profile's default
     knobs: dict = field(default_factory=dict)
     dtype: str = "float32"  # the weights' dtype in training, merging and inference: see :func:`gpu_dtype`
-    note: str = ""  # a sentence for the learner when the profile had to adapt (:func:`with_ranks`)
+    note: str = ""  # a sentence for the learner when the profile had to adapt (:func:`ranks_on_cpu`)
+    cpu_only: bool = False  # never runs a gpu value (:func:`ranks_on_cpu`): its picks take no gpu=
 
     @property
     def smoke(self) -> bool:
@@ -47,10 +48,18 @@ class Profile:
     def pick(self, cpu, *, gpu=_MISSING, smoke=None):
         """Choose a value by profile: ``profile.pick(cpu=48, smoke=4, gpu=200)``.
 
-        ``gpu`` must always be given, even where it equals ``cpu``: left out, a CPU-sized step count,
-        size or timeout would silently run on a GPU. ``smoke`` left out (or None) means the cpu value.
+        On a profile that can be gpu, ``gpu`` must always be given, even where it equals ``cpu``: left out, a
+        CPU-sized step count, size or timeout would silently run on a GPU. On a ``cpu_only`` profile (a lesson
+        whose ranks run on the CPU on every machine, :func:`ranks_on_cpu`) it must be left out: it would never
+        be used. ``smoke`` left out (or None) means the cpu value.
         """
-        if gpu is _MISSING:
+        if self.cpu_only:
+            if gpu is not _MISSING:
+                raise TypeError(
+                    f"profile.pick() was given gpu={gpu!r} on a profile that runs on the CPU on every machine "
+                    "(profiles.ranks_on_cpu); leave gpu= out, as that value would never be used."
+                )
+        elif gpu is _MISSING:
             raise TypeError(
                 f"profile.pick() was given cpu={cpu!r} but no gpu= value; name the gpu profile's value, even "
                 "when it is the cpu value, so that a CPU-sized value never runs on a GPU unnoticed."
@@ -92,6 +101,37 @@ class Profile:
     def _repr_markdown_(self) -> str:
         rows = "\n".join(f"| {k} | {v} |" for k, v in self.summary().items())
         return f"| setting | value |\n|---|---|\n{rows}"
+
+
+def ranks_on_cpu(profile: Profile, gpu_section: int | None = None) -> Profile:
+    """The profile of a lesson whose point is a mechanism (01-07): its ranks run on the CPU over gloo on every
+    machine, GPUs hidden from them (a launch not given GPUs is, :func:`devices.launch_env`). On the gpu profile
+    that is the cpu profile's values (2 ranks, float32, named "cpu") with a ``note`` saying so and naming the
+    lesson's one GPU cell, section ``gpu_section``, which runs the same script on the GPUs; ``gpus`` keeps the
+    count for that cell, and the lesson keeps the resolved profile for its launch. cpu and smoke keep their
+    values. Every profile it returns is ``cpu_only``: its picks take no ``gpu=``."""
+    if profile.name != "gpu":
+        return replace(profile, cpu_only=True)
+    cell = f"; section {gpu_section} runs the same script on the GPUs, given two or more." if gpu_section else "."
+    note = f"This lesson's ranks run on the CPU over gloo on every machine, GPUs hidden from them{cell}"
+    return replace(
+        profile, name="cpu", device="cpu", backend="gloo", nproc=2, dtype="float32", note=note, cpu_only=True,
+        reason=f"{profile.reason}; {note}",
+    )  # fmt: skip
+
+
+def on_gpus(profile: Profile) -> bool:
+    """Whether a lesson's GPU cell runs: the resolved profile is gpu with two ranks or more (one GPU holds one
+    nccl rank, and one rank talks to nobody)."""
+    return profile.name == "gpu" and profile.nproc >= 2
+
+
+def no_gpu_run(profile: Profile, command: str, runs: str = "the same script over NCCL",
+               why: str = "one GPU holds one nccl rank") -> str:  # fmt: skip
+    """The sentence a lesson's GPU cell prints where it does not run: what it ``runs`` on 2 or more GPUs, and
+    the ``command``."""
+    here = "Only one GPU rank here" if profile.name == "gpu" else "No GPUs here"
+    return f"{here} ({why}): on 2 or more GPUs this cell runs {runs}, `{command}`."
 
 
 def with_ranks(profile: Profile, minimum: int = 2, even: bool = False) -> Profile:

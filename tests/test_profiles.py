@@ -78,6 +78,12 @@ def _picks_without_gpu(source: str) -> list[str]:
     ]
 
 
+def test_the_scan_sees_a_gpu_value_in_a_pick_or_a_knob():
+    assert _calls_with_gpu(
+        'x = p.knob("X", X, cpu=1, gpu=2)\ny = p.pick(cpu=3)\nz = p.pick(cpu=f(4), gpu=5)'
+    ) == ['"X", X, cpu=1, gpu=2', "cpu=f(4), gpu=5"]
+
+
 def test_the_scan_sees_a_pick_without_gpu():
     assert _picks_without_gpu("x = profile.pick(\n    cpu=4,\n    smoke=(1, 2),\n)") == [
         "cpu=4, smoke=(1, 2),"
@@ -85,22 +91,35 @@ def test_the_scan_sees_a_pick_without_gpu():
     assert _picks_without_gpu("x = profile.pick(cpu=f(1), gpu=g(2))") == []
 
 
+def _calls_with_gpu(source: str) -> list[str]:
+    """The ``.pick(...)`` and ``.knob(...)`` calls of ``source`` that name a gpu= value."""
+    calls = _pick_calls(source.replace(".knob(", ".pick("))
+    return [" ".join(args.split()) for args in calls if re.search(r"\bgpu\s*=", args)]
+
+
 def test_every_pick_names_its_gpu_value():
-    """A pick without gpu= would run a CPU-sized value on the gpu profile: every notebook and helper names it."""
-    sources, missing = 0, []
+    """A pick without gpu= would run a CPU-sized value on the gpu profile: every notebook and helper names it,
+    except a notebook whose profile is ``profiles.ranks_on_cpu``'s (it never runs a gpu value), which names none."""
+    sources, missing, cpu_only, dead = 0, [], 0, []
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        for index, cell in enumerate(cells):
-            if cell["cell_type"] != "code":
-                continue
+        code = [(index, cell) for index, cell in enumerate(cells) if cell["cell_type"] == "code"]
+        on_cpu = any("profiles.ranks_on_cpu(" in "".join(cell["source"]) for _, cell in code)
+        cpu_only += on_cpu
+        for index, cell in code:
             source = "".join(cell["source"])
             sources += ".pick(" in source
-            missing += [
-                f"{path.name} cell {index} ({cell.get('id')}): .pick({a})" for a in _picks_without_gpu(source)
-            ]
+            where = f"{path.name} cell {index} ({cell.get('id')})"
+            if on_cpu:
+                dead += [f"{where}: ({a})" for a in _calls_with_gpu(source)]
+            else:
+                missing += [f"{where}: .pick({a})" for a in _picks_without_gpu(source)]
+    assert cpu_only >= 7, "the lessons of ranks (01-07) take profiles.ranks_on_cpu"
+    assert not dead, "gpu= values on a profile that runs on the CPU everywhere:\n" + "\n".join(dead)
     for path in sorted([*(ROOT / "helpers").glob("*.py"), *(ROOT / "course").glob("*.py")]):
         missing += [
-            f"{path.relative_to(ROOT)}: .pick({a})" for a in _picks_without_gpu(path.read_text(encoding="utf-8"))
+            f"{path.relative_to(ROOT)}: .pick({a})"
+            for a in _picks_without_gpu(path.read_text(encoding="utf-8"))
         ]
     assert sources >= 9, "the scan found too few cells with picks: has the notebook format changed?"
     assert not missing, "picks without a gpu= value:\n" + "\n".join(missing)
@@ -197,3 +216,64 @@ def test_knob_takes_the_learners_value_or_the_profiles_and_checks_its_range():
         cpu.knob("STEPS", 0, cpu=48, gpu=200, hi=9)
     with pytest.raises(TypeError, match="no gpu= value"):
         cpu.knob("STEPS", None, cpu=48)
+
+
+def test_a_lesson_of_ranks_runs_them_on_the_cpu_and_its_picks_take_no_gpu_value(monkeypatch):
+    """01-07: on the gpu profile the lesson's ranks are the cpu profile's, GPUs counted for its one GPU cell;
+    cpu and smoke keep their values. No pick of such a profile takes gpu=, none may leave it out elsewhere."""
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 4)
+    gpu = profiles.resolve("gpu")
+    lesson = profiles.ranks_on_cpu(gpu, gpu_section=5)
+    assert (lesson.name, lesson.device, lesson.backend, lesson.nproc, lesson.dtype) == (
+        "cpu",
+        "cpu",
+        "gloo",
+        2,
+        "float32",
+    )
+    assert lesson.gpus == 4 and lesson.cpu_only and lesson.model == gpu.model
+    assert (
+        one_sentence(lesson.note)
+        and "CPU over gloo on every machine" in lesson.note
+        and "section 5" in lesson.note
+    )
+    assert lesson.note in lesson.reason
+    assert lesson.pick(cpu=48, smoke=4) == 48 and lesson.knob("STEPS", None, cpu=48, smoke=4) == 48
+    assert "section" not in profiles.ranks_on_cpu(gpu).note  # 01 and 07: no GPU cell to name
+    with pytest.raises(TypeError) as info:
+        lesson.pick(cpu=48, gpu=200)  # a value that would never run
+    assert (
+        one_sentence(str(info.value)) and "gpu=200" in str(info.value) and "leave gpu= out" in str(info.value)
+    )
+    with pytest.raises(TypeError):
+        lesson.knob("STEPS", None, cpu=48, gpu=200)
+    with pytest.raises(TypeError):
+        gpu.pick(cpu=48, smoke=4)  # the profile that can be gpu still needs its gpu value
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 0)
+    for name, value in (("cpu", 48), ("smoke", 4)):
+        resolved = profiles.resolve(name, nproc=3)
+        on_cpu = profiles.ranks_on_cpu(resolved, gpu_section=5)
+        assert on_cpu == profiles.Profile(**{**vars(resolved), "cpu_only": True}), (
+            name
+        )  # its values unchanged
+        assert on_cpu.nproc == 3 and on_cpu.note == "" and on_cpu.pick(cpu=48, smoke=4) == value
+        with pytest.raises(TypeError):
+            resolved.pick(cpu=48, smoke=4)
+
+
+def test_a_lessons_gpu_cell_runs_on_two_gpus_or_more_and_otherwise_says_what_it_would_run(monkeypatch):
+    monkeypatch.setattr(profiles, "count_gpus", lambda: 2)
+    assert profiles.on_gpus(profiles.resolve("gpu")) and not profiles.on_gpus(
+        profiles.resolve("gpu", nproc=1)
+    )
+    assert not profiles.on_gpus(profiles.resolve("cpu")) and not profiles.on_gpus(profiles.resolve("smoke"))
+    command = "torchrun --nproc-per-node N x.py --backend nccl"
+    for profile, opening in (
+        (profiles.resolve("gpu", nproc=1), "Only one GPU rank here"),
+        (profiles.resolve("cpu"), "No GPUs here"),
+    ):
+        sentence = profiles.no_gpu_run(profile, command)
+        assert sentence.startswith(opening) and f"`{command}`" in sentence and "over NCCL" in sentence, (
+            sentence
+        )
+        assert sentence.endswith(".") and "\n" not in sentence
