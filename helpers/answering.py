@@ -159,7 +159,10 @@ class Chat:
 
         check_adapter(adapter)
         base = self.engine.model
-        self.engine.model = PeftModel.from_pretrained(base, str(adapter))
+        # on the base model's device: left to itself peft loads the weights onto cuda wherever a GPU is visible
+        # (peft/utils/other.py, infer_device), even for a model on the CPU
+        device = str(next(base.parameters()).device)
+        self.engine.model = PeftModel.from_pretrained(base, str(adapter), torch_device=device)
         try:
             yield self
         finally:

@@ -202,7 +202,11 @@ class Launch:
         self.note: str | None = None
         self.shown_as: str | None = None  # printed instead of "$ command" when the command was shown already
         # a launch not given GPUs is meant for the CPU, and never sees one (helpers/devices.py)
-        self.extra_env = {k: str(v) for k, v in devices.launch_env(env or {}).items()}
+        # OpenMP threads that wait for each other sleep rather than spin: next to a kernel, a background Web-UI
+        # and training processes on a small CPU, spinning slowed a 2-thread torch by up to 10x (measured). Set
+        # here, unless the environment says otherwise, so that the printed command shows it.
+        passive = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}
+        self.extra_env = {k: str(v) for k, v in {**passive, **devices.launch_env(env or {})}.items()}
         self.label = label
         self.timeout = timeout
         self.cwd = cwd
@@ -234,9 +238,6 @@ class Launch:
         import subprocess
 
         env = dict(os.environ)
-        # OpenMP threads that wait for each other sleep rather than spin: next to a kernel, a background Web-UI
-        # and training processes on a small CPU, spinning slowed a 2-thread torch by up to 10x (measured).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         env.update(self.extra_env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
         env["PYTHONUNBUFFERED"] = "1"

@@ -51,7 +51,7 @@ def test_success_returns_each_rank_result_and_shows_the_command(script, capsys):
     assert [r["rank"] for r in result.results] == [0, 1]
     assert {r["world"] for r in result.results} == {2}
     out = capsys.readouterr().out
-    assert "$ TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' torchrun --nproc-per-node 2" in out
+    assert "$ OMP_WAIT_POLICY=PASSIVE TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' torchrun --nproc-per-node 2" in out
     assert str(script) in out.splitlines()[0]
     assert "[rank0]:ready 0" in out and "[rank1]:ready 1" in out
 
@@ -140,7 +140,8 @@ def test_a_single_process_failure_quotes_its_traceback(build):
     assert "bad input" in str(info.value)
 
 
-def test_swift_with_several_processes_sets_torchrun_options(build):
+def test_swift_with_several_processes_sets_torchrun_options(build, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as a terminal may have it: then the launch adds nothing
     launch = swiftcli.prepare_swift("sft", "--model", "x", nproc=2)
     command = launch.command
     assert command.startswith("NPROC_PER_NODE=2 MASTER_PORT=")
@@ -254,14 +255,16 @@ def test_the_stop_button_stops_a_launch_and_the_next_cell_runs(script):
     nbformat.validate(nb)
 
 
-def test_swift_goes_through_torchrun_for_one_process_when_asked(build):
+def test_swift_goes_through_torchrun_for_one_process_when_asked(build, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as a terminal may have it: then the launch adds nothing
     """DeepSpeed needs torchrun's RANK and WORLD_SIZE even on one GPU: NPROC_PER_NODE=1 makes SWIFT use it."""
     one = swiftcli.prepare_swift("sft", "--deepspeed", "zero2", nproc=1, torchrun=True).command
     assert one.startswith("NPROC_PER_NODE=1 MASTER_PORT=") and one.endswith("swift sft --deepspeed zero2")
     assert "NPROC_PER_NODE" not in swiftcli.prepare_swift("sft", nproc=1).command
 
 
-def test_a_prefix_and_an_address_put_torchrun_on_another_node(build):
+def test_a_prefix_and_an_address_put_torchrun_on_another_node(build, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     launch = launching.prepare_torchrun(
         "job.py", nproc=1, nnodes=2, node_rank=1, master_addr="10.213.0.1", master_port=29400,
         prefix=["ip", "netns", "exec", "dpc1-node1"], env={"GLOO_SOCKET_IFNAME": "eth0"},
@@ -309,6 +312,7 @@ def test_folded_lines_are_counted_and_kept_in_the_launch_output_file(build, caps
 
 
 def test_a_shown_swift_command_is_run_exactly_as_written(build, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as a terminal may have it: then the launch adds nothing
     """The text a notebook prints is the command that runs: its environment, subcommand and flags."""
     from helpers import paths
 
@@ -349,10 +353,14 @@ def test_launched_processes_wait_without_spinning_unless_the_environment_says_ot
     assert imported.stdout.strip() == "None", "importing a helpers module must not change the environment"
     code = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY'))"
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    [result] = launching.run(launching.Launch([sys.executable, "-c", code], timeout=60), show=False)
+    launch = launching.Launch([sys.executable, "-c", code], timeout=60)
+    assert launch.command.startswith("OMP_WAIT_POLICY=PASSIVE ")  # the printed command is the one that runs
+    [result] = launching.run(launch, show=False)
     assert "policy PASSIVE" in result.output
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    [result] = launching.run(launching.Launch([sys.executable, "-c", code], timeout=60), show=False)
+    launch = launching.Launch([sys.executable, "-c", code], timeout=60)
+    assert not launch.command.startswith("OMP_WAIT_POLICY")  # inherited, as in a terminal
+    [result] = launching.run(launch, show=False)
     assert "policy ACTIVE" in result.output
 
 
