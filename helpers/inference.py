@@ -153,16 +153,22 @@ def infer_flags(
     ]
 
 
-def gpu_commands(model: str, system: str | None, max_tokens: int, dtype: str = "bfloat16") -> dict[str, str]:
+def gpu_commands(
+    model: models.ModelInfo | str, system: str | None, max_tokens: int, dtype: str = "bfloat16"
+) -> dict[str, str]:
     """The gpu profile's ``swift export`` and ``swift infer`` for ``model`` as text to copy, on one GPU (the
-    first this process may use, ``launching.visible_gpus``).
+    first this process may use, ``launching.visible_gpus``). ``model``: the base model as notebook 09 gave it to
+    SWIFT (a hub model by its id, as the command that runs names it, never its cache folder), or a hub id.
 
     Both are one process. With several GPUs visible, one process spreads the model over all of them
     (swift/model/utils.py, ``get_default_device_map``: "auto" when more devices than processes), so the
     commands keep one GPU visible: a 7B model in bf16 (about 15 GB) fits one 24 GB card. The checkpoint
     and version folders are placeholders for the ones notebook 09 recorded.
     """
-    record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model, "dtype": dtype}
+    if isinstance(model, str):
+        model = models.ModelInfo(name=model, path=model, source="ModelScope", hub_id=model)
+    record = {"checkpoint": "build/outputs/self-cognition-ddp/vN/checkpoint-M", "model": model.path,
+              "hub_id": model.hub_id, "model_type": model.model_type, "template": model.template, "dtype": dtype}  # fmt: skip
     merged = "build/outputs/self-cognition-merged/vN/model"
     run = Path(merged).parent
     infer = infer_flags(

@@ -519,3 +519,17 @@ def test_an_adapter_put_on_and_taken_off_scores_as_the_adapter_loaded_by_swift(t
             during = judge.answer_loss(question, answer)
         after = judge.answer_loss(question, answer)
     assert abs(during[0] - expected[0]) < 1e-4 and during != before and after == before
+
+
+def test_10s_commands_to_copy_name_a_hub_model_by_its_id_as_the_command_that_runs_does(tmp_path):
+    """The gpu profile's base model is a ModelScope download: the command that runs gives SWIFT its id
+    (inference.model_text), and so do the commands printed to copy, never its cache folder with the plugin
+    flag a local folder needs."""
+    snapshot = tmp_path / "models" / "Qwen--Qwen2.5-7B-Instruct" / "snapshots" / "master"
+    snapshot.mkdir(parents=True)
+    base = models.ModelInfo(name="Qwen/Qwen2.5-7B-Instruct", path=str(snapshot), source="ModelScope",
+                            template="qwen2_5", hub_id="Qwen/Qwen2.5-7B-Instruct")  # fmt: skip
+    shown = inference.gpu_commands(base, "You are XiaoKe.", 16, "bfloat16")["export"]
+    assert f"--model {inference.model_text(base)}" in " ".join(shown.replace("\\\n", " ").split())
+    assert str(snapshot) not in shown and "--external_plugins" not in shown
+    assert "--model Qwen/Qwen2.5-7B-Instruct" in " ".join(shown.split())
