@@ -121,8 +121,9 @@ clean:
 prune: setup
 	@$(BIN)/python -m course.runner prune --keep "$(KEEP)"
 
-# On a GPU machine GPU_PYTHON (the venv's python, with a CUDA torch: docs/gpu.md) runs it; it needs no set-up
-# here, which would put the lock's CPU torch into .venv. DRY=1 prints the commands and needs no GPU;
+# On a GPU machine GPU_PYTHON (the venv's python, with a CUDA torch: docs/gpu.md) runs it, without set-up: in a
+# fresh clone that would build .venv with the lock's CPU torch (`COURSE_KEEP_TORCH=1 make setup` comes first,
+# and a venv it made keeps its torch at every later set-up). DRY=1 prints the commands and needs no GPU;
 # SHAPE_ON_CPU=1 runs exactly those commands in the gpu shape on the CPU (make test runs NPROC=1 and NPROC=2).
 # PRETEND=rtx3090|h100|t4|v100 (with SHAPE_ON_CPU=1): torch believes NPROC such cards are there, in the kernel and
 # in every process meant for the CPU, and fails at once on any real CUDA call (course/pretend/)

@@ -930,6 +930,11 @@ def gpu_python_problem() -> str | None:
             "(`COURSE_KEEP_TORCH=1 make setup`, docs/gpu.md), or check the gpu path on the CPU with "
             "`make gpu-check SHAPE_ON_CPU=1 NPROC=1`."
         )
+    from helpers import environment
+
+    unusable = environment.cuda_problem()  # first: torch says why only the first time it is asked
+    if unusable:
+        return f"make gpu-check: {unusable}"
     if not profiles.count_gpus():
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         return (

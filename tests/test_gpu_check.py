@@ -102,7 +102,13 @@ def test_without_a_gpu_the_real_check_stops_with_one_sentence_naming_the_fix(mon
     err = capsys.readouterr().err.strip()
     assert "a CPU build (torch.version.cuda is None)" in err and "COURSE_KEEP_TORCH=1 make setup" in err
     assert "SHAPE_ON_CPU=1" in err and "\n" not in err
-    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build that sees no GPU
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build that cannot use the GPU: why, in a sentence
+    from helpers import environment
+
+    why = "torch 2.13.0 is a CUDA 12.8 build, and this machine's NVIDIA driver 470.82 runs CUDA up to 11.4: ..."
+    monkeypatch.setattr(environment, "cuda_problem", lambda: why)
+    assert runner.gpu_python_problem() == f"make gpu-check: {why}"
+    monkeypatch.setattr(environment, "cuda_problem", lambda: "")  # nothing torch can name: it sees no GPU
     monkeypatch.setattr(profiles, "count_gpus", lambda: 0)
     assert "sees no GPU" in runner.gpu_python_problem() and "nvidia-smi" in runner.gpu_python_problem()
     monkeypatch.setattr(profiles, "count_gpus", lambda: 1)
@@ -127,6 +133,13 @@ def test_make_runs_the_check_with_its_own_flags():
     real = subprocess.run(["make", "-n", "gpu-check"], cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout
     assert "PYTHONPATH=" in real and ".venv/bin/python -m course.runner gpu-check" in real
     assert "setup.sh" not in real  # set-up would put the lock's CPU torch into a CUDA .venv
+    pretend = subprocess.run(["make", "-n", "gpu-check", "SHAPE_ON_CPU=1", "NPROC=2", "PRETEND=h100"], cwd=paths.ROOT,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "gpu-check --nproc 2 --shape-on-cpu --pretend h100" in pretend
+    for words in (["--pretend", "h100"], ["--shape-on-cpu", "--pretend", "a100"]):  # on a GPU; a card it lacks
+        refused = subprocess.run([".venv/bin/python", "-m", "course.runner", "gpu-check", *words], cwd=paths.ROOT,
+                                 capture_output=True, text=True)  # fmt: skip
+        assert refused.returncode == 2 and "goes with SHAPE_ON_CPU=1 and names a card: rtx3090" in refused.stderr
     bad = subprocess.run([".venv/bin/python", "-m", "course.runner", "gpu-check", "--nproc", "two"],
                          cwd=paths.ROOT, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "NPROC = 'two' must be a whole number" in bad.stderr
