@@ -77,15 +77,24 @@ def test_the_run_executed_the_text_dry_prints(shape):
 
 
 def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
-    """One GPU holds one nccl rank: there 03-06 run 2 ranks on the CPU over gloo; with more GPUs, one
-    rank per GPU. 06's ranks are two whatever NPROC was (it needs an even number)."""
+    """03-06 teach a mechanism: their ranks run on the CPU over gloo on every machine, two of them, whatever
+    the GPUs (profiles.ranks_on_cpu)."""
     for number in ("03", "04", "05", "06"):
-        ranks = metrics(shape, number)["lesson_ranks"]
+        assert metrics(shape, number)["lesson_ranks"] == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number
+
+
+def test_lessons_of_ranks_run_their_script_once_more_on_two_gpus_or_more(shape):
+    """Each of 03-06 has one GPU cell: with 2 GPUs it ran the lesson's script on them (one rank per GPU, gloo
+    in the gpu shape where a GPU machine has nccl) and recorded its numbers as gpu_*; one GPU holds one nccl
+    rank, so with one it recorded none."""
+    for number in ("03", "04", "05", "06"):
+        got = metrics(shape, number)
+        numbers = {name: value for name, value in got.items() if name.startswith("gpu_") and name != "gpu_ranks"}
         if shape["nproc"] == 1:
-            assert ranks == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number
+            assert "gpu_ranks" not in got and not numbers, (number, sorted(numbers))
         else:
-            assert (ranks["profile"], ranks["nproc"]) == ("gpu", shape["nproc"]), number
-    assert metrics(shape, "06")["lesson_ranks"]["nproc"] == 2
+            assert got["gpu_ranks"] == {"profile": "gpu", "backend": "gloo", "nproc": 2}, number
+            assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers.values()), (number, numbers)
 
 
 def test_09_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
