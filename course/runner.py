@@ -715,9 +715,9 @@ def refresh(only=None) -> int:
 # `make gpu-check`: the gpu profile of 03-06 and 09-12 on a tiny Qwen2 built on the spot (no download,
 # no network), a few steps each, on a machine with CUDA. MODEL is added where a notebook has it.
 GPU_CHECK = {
-    # 04 and 05: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03-06: the
-    # cpu profile's batches and widths, the sizes of their lessons when one GPU runs their ranks on the CPU.
-    # 07 (the network lab) has no gpu path: its nodes talk over gloo on any machine.
+    # 04 and 05: 12 MiB of gradients, 3 buckets of 4 MiB (fewer would leave nothing to overlap); 03-06 run
+    # their ranks on the CPU on every machine, and their one GPU cell with these sizes on 2 GPUs or more.
+    # 01, 02 and 07 have no gpu path worth the minutes: 02's DataParallel cell needs torch's own CUDA.
     "03": {"LARGEST_MIB": 16},
     "04": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64},
     "05": {"WIDTH": 512, "DEPTH": 12, "ITERS": 3, "BATCH": 64, "BENCH_STEPS": 8},

@@ -64,6 +64,18 @@ class Answer:
     finished: bool  # True: the model ended its turn itself; False: cut at the token limit
 
 
+def _with_adapter(model, adapter, load=None):
+    """``model`` with the LoRA ``adapter`` loaded onto the model's own device. Left to itself peft puts the
+    adapter's weights on cuda wherever a GPU is visible (peft/utils/other.py, infer_device), even for a model on
+    the CPU, and so does SWIFT's engine given ``adapters=`` (swift/tuners/base.py, Swift.from_pretrained).
+    ``load``: peft's ``PeftModel.from_pretrained`` (a model to unload again); by default SWIFT's loader."""
+    if load is None:
+        from swift import Swift
+
+        load = Swift.from_pretrained
+    return load(model, str(adapter), torch_device=str(next(model.parameters()).device))
+
+
 class Chat:
     """SWIFT's ``TransformersEngine``: the base model, or the base model with one LoRA adapter.
 
@@ -92,7 +104,6 @@ class Chat:
         cuda = device.startswith("cuda")
         self.engine = TransformersEngine(
             info.path,
-            adapters=adapters,
             model_type=info.model_type,
             template_type=info.template,
             torch_dtype=getattr(torch, dtype) if dtype else (torch.bfloat16 if cuda else torch.float32),
@@ -102,6 +113,8 @@ class Chat:
             # on the cpu profile of a machine that has GPUs
             device_map="cuda:0" if cuda else "cpu",
         )
+        if adapters:  # given to the engine, SWIFT loads it with peft's own device choice: see _with_adapter
+            self.engine.model = _with_adapter(self.engine.model, adapters[0])
         models.hold(self.engine.model)
 
     def ask(self, questions, max_tokens: int = 48) -> list[Answer]:
@@ -159,10 +172,7 @@ class Chat:
 
         check_adapter(adapter)
         base = self.engine.model
-        # on the base model's device: left to itself peft loads the weights onto cuda wherever a GPU is visible
-        # (peft/utils/other.py, infer_device), even for a model on the CPU
-        device = str(next(base.parameters()).device)
-        self.engine.model = PeftModel.from_pretrained(base, str(adapter), torch_device=device)
+        self.engine.model = _with_adapter(base, adapter, PeftModel.from_pretrained)
         try:
             yield self
         finally:

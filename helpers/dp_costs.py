@@ -178,26 +178,6 @@ def train_single_device(spec: ModelSpec, batch: int, steps: int, lr: float = 0.0
     return model, times
 
 
-def train_torch_dataparallel(spec: ModelSpec, batch: int, steps: int, device_ids, lr=0.05, warmup=1):
-    """The same training with the real torch.nn.DataParallel over CUDA ``device_ids`` (GPU only)."""
-    main = torch.device("cuda", device_ids[0])
-    model = make_model(spec).to(main)
-    dp = nn.DataParallel(model, device_ids=device_ids)
-    optimizer = make_optimizer(model, lr)
-    times = []
-    for i in range(steps + warmup):
-        x, y = make_batch(spec, batch, seed=1000 + i)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(dp(x.to(main)), y.to(main)).backward()
-        optimizer.step()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return model.cpu(), times
-
-
 @contextmanager
 def count_thread_starts():
     """Count the threads started inside the block: ``with count_thread_starts() as started: ...``."""

@@ -134,32 +134,6 @@ def no_gpu_run(profile: Profile, command: str, runs: str = "the same script over
     return f"{here} ({why}): on 2 or more GPUs this cell runs {runs}, `{command}`."
 
 
-def with_ranks(profile: Profile, minimum: int = 2, even: bool = False) -> Profile:
-    """The profile of a lesson whose ranks must talk to each other: at least ``minimum`` of them (an even
-    number with ``even``). On the gpu profile each rank has its own GPU, so with fewer GPUs than that the
-    lesson runs ``minimum`` ranks on the CPU over gloo with the cpu profile's sizes (nccl cannot put two
-    ranks on one GPU), and with an odd count where an even one is needed one GPU sits out. The returned
-    profile's ``note`` says which, in one sentence; other profiles come back unchanged."""
-    if profile.name != "gpu":
-        return profile
-    usable = profile.nproc - (profile.nproc % 2 if even else 0)
-    if usable >= minimum:
-        if usable == profile.nproc:
-            return profile
-        note = f"{profile.nproc} processes, and this lesson needs an even number: it uses {usable} of the GPUs."
-        return replace(profile, nproc=usable, note=note, reason=f"{profile.reason}; {note}")
-    ranks = minimum + (minimum % 2 if even else 0)
-    note = (
-        f"{profile.nproc} GPU rank{'s' if profile.nproc > 1 else ''} cannot show ranks talking to each other "
-        f"(one GPU holds one nccl rank), so this lesson runs {ranks} ranks on the CPU over gloo, with the cpu "
-        "profile's sizes."
-    )
-    return replace(
-        profile, name="cpu", device="cpu", backend="gloo", nproc=ranks, dtype="float32", note=note,
-        reason=f"{profile.reason}; {note}",
-    )  # fmt: skip
-
-
 def _choices(values) -> str:
     quoted = [repr(v) for v in values]
     return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]

@@ -55,8 +55,7 @@ def check_layout(samples: int, world: int, batch: int, accum: int) -> int:
 
 
 def check_world(nproc: int) -> None:
-    """This lesson splits its ranks over two simulated nodes: it needs an even number of processes (on GPUs
-    ``profiles.with_ranks`` has already made it one)."""
+    """This lesson splits its ranks over two simulated nodes: it needs an even number of processes."""
     if nproc < 2 or nproc % 2:
         raise CourseError(
             f"NPROC = {nproc} does not work here; this lesson needs an even number of processes, at least 2, "

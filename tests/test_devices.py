@@ -111,7 +111,7 @@ def test_a_profiles_ranks_get_its_gpus_on_the_gpu_profile_and_none_elsewhere(mon
     assert gpu.env() == {"CUDA_VISIBLE_DEVICES": "0,1"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # a shared server's share: the first of its own
     assert gpu.env() == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    cpu = profiles.with_ranks(profiles.Profile("gpu", "gpu", "", "cuda", "nccl", 1, 1, None))
+    cpu = profiles.ranks_on_cpu(profiles.Profile("gpu", "gpu", "", "cuda", "nccl", 2, 2, None))
     assert cpu.name == "cpu" and cpu.env() == devices.HIDE_GPUS
 
 

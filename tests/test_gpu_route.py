@@ -120,21 +120,6 @@ def test_a_gpu_without_bf16_trains_merges_and_answers_in_float16():
     assert profiles.resolve("smoke").dtype == "float32"
 
 
-# --- 1. lessons whose ranks talk to each other, on one GPU ---------------------------------------------------
-
-
-def test_on_one_gpu_a_lesson_of_ranks_runs_two_on_the_cpu_and_says_so():
-    one = profiles.with_ranks(gpu_profile(1))
-    assert (one.name, one.device, one.backend, one.nproc, one.dtype) == ("cpu", "cpu", "gloo", 2, "float32")
-    assert "runs 2 ranks on the CPU over gloo" in one.note and one.note.endswith(".") and "\n" not in one.note
-    assert profiles.with_ranks(gpu_profile(2)) == gpu_profile(2)  # two GPUs: two nccl ranks, unchanged
-    three = profiles.with_ranks(gpu_profile(3), even=True)  # 06 splits its ranks over two nodes
-    assert (three.name, three.nproc) == ("gpu", 2) and "uses 2 of the GPUs" in three.note
-    assert profiles.with_ranks(gpu_profile(1), even=True).nproc == 2
-    cpu = profiles.resolve("cpu", nproc=1)
-    assert profiles.with_ranks(cpu) is cpu  # on the CPU NPROC is the learner's to choose
-
-
 # --- 9. a hub model is named by its id ---------------------------------------------------------------------
 
 
