@@ -168,7 +168,9 @@ def test_keep_torch_setup_installs_the_rest_and_every_later_setup_keeps_that_tor
     repo = course_copy(pristine, tmp_path)
     python = repo / ".venv" / "bin" / "python"
     subprocess.run([sys.executable, "-m", "venv", str(repo / ".venv")], check=True)  # as docs/gpu.md says
-    install_torch(python)
+    # with its dependencies, as `pip install torch` leaves them: set-up adds the rest with --no-deps, and the
+    # make run below builds a model, which imports torch.fx and so sympy
+    install_torch(python, importable=True)
     torch_version = stand_in_for_a_cuda_build(purelib(python))
     marker = purelib(python) / "torch" / "IMAGE_BUILD"  # a file only the image's own torch has
     marker.write_text("the image's torch\n")
