@@ -298,6 +298,10 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
                 "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                 timeout=timedelta(seconds=timeout),
             )  # fmt: skip
+            # every rank connected before any runs fn: else a rank that is done tears the group down while a
+            # slow peer is still connecting, which then reports gloo's "Connection closed by peer" instead of
+            # its own error (seen on a loaded 2-core machine)
+            dist.barrier()
             try:
                 results.put((rank, True, fn(rank, world)))
             finally:
