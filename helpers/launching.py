@@ -30,6 +30,7 @@ from helpers.devices import gpu_env, visible_gpus  # noqa: F401 (the names noteb
 from helpers.errors import CourseError
 
 RESULTS_ENV = "COURSE_RESULTS_DIR"
+NOT_SHOWN = (RESULTS_ENV, devices.PRETEND_ENV)  # set for every launch by the course, left out of its command
 RANK_PREFIX = "[rank${rank}]:"
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:(?:\[rank\1\]: ?)?(.*)$")  # torch may add its own prefix
 _LAUNCHER_LOG = re.compile(r"^[WEI]\d{4} ")  # torchrun's own log lines
@@ -201,10 +202,10 @@ class Launch:
         self.finished = finished  # a line the job prints once all its work is done (see exited_late)
         self.note: str | None = None
         self.shown_as: str | None = None  # printed instead of "$ command" when the command was shown already
-        # a launch not given GPUs is meant for the CPU, and never sees one (helpers/devices.py)
         # OpenMP threads that wait for each other sleep rather than spin: next to a kernel, a background Web-UI
         # and training processes on a small CPU, spinning slowed a 2-thread torch by up to 10x (measured). Set
-        # here, unless the environment says otherwise, so that the printed command shows it.
+        # here, unless the environment says otherwise, so that the printed command shows it. A launch not given
+        # GPUs is meant for the CPU, and never sees one (helpers/devices.py).
         passive = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": "PASSIVE"}
         self.extra_env = {k: str(v) for k, v in {**passive, **devices.launch_env(env or {})}.items()}
         self.label = label
@@ -231,7 +232,7 @@ class Launch:
     def command(self) -> str:
         """The exact command, with the environment variables this launch sets, ready to paste in a terminal
         at the repository root (paths inside the checkout are written relative to it)."""
-        shown = {k: v for k, v in self.extra_env.items() if k not in (RESULTS_ENV, devices.PRETEND_ENV)}
+        shown = {k: v for k, v in self.extra_env.items() if k not in NOT_SHOWN}
         return paths.relative_text(env_text(shown) + shlex.join(self.argv))
 
     def start(self) -> None:

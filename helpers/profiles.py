@@ -81,7 +81,7 @@ class Profile:
         first of this process's own (:func:`devices.gpu_env`); elsewhere none (:func:`devices.cpu_env`: where
         GPUs exist, they are hidden). The gpu shape on the CPU gets the gpu profile's, as a GPU machine would."""
         if self.name == "gpu":
-            return {"CUDA_VISIBLE_DEVICES": devices.gpu_env(self.nproc)["CUDA_VISIBLE_DEVICES"]}
+            return {"CUDA_VISIBLE_DEVICES": ",".join(devices.visible_gpus(self.nproc))}
         return devices.cpu_env()
 
     def summary(self) -> dict:

@@ -6,9 +6,9 @@ import os
 import re
 import shlex
 
-from helpers import devices, launching, paths
+from helpers import launching, paths
 from helpers.errors import CourseError
-from helpers.launching import RANK_PREFIX, RESULTS_ENV, Launch, LaunchResult, env_text, free_port, log_folder
+from helpers.launching import NOT_SHOWN, RANK_PREFIX, Launch, LaunchResult, env_text, free_port, log_folder
 
 
 def prepare_swift(
@@ -102,7 +102,7 @@ def swift_shell(text: str, show: bool = True, **options) -> LaunchResult:
     env, subcommand, args = parse_swift_text(text)
     launch = prepare_swift(subcommand, *args, nproc=int(env.get("NPROC_PER_NODE", 1)), env=env, **options)
     launch.cwd = paths.ROOT  # the text's paths are relative to the repository root
-    added = " ".join(f"{k}={v}" for k, v in launch.extra_env.items() if k not in env and k not in (RESULTS_ENV, devices.PRETEND_ENV))
+    added = " ".join(f"{k}={v}" for k, v in launch.extra_env.items() if k not in env and k not in NOT_SHOWN)
     launch.shown_as = f"▶ swift {subcommand}: the command above" + (
         f", with {paths.relative_text(added)}" if added else ""
     )
