@@ -380,6 +380,9 @@ def test_a_process_is_named_by_what_it_runs_whatever_the_interpreters_path(tmp_p
     try:
         import psutil
 
+        deadline = time.monotonic() + 30  # until the child has exec'd: before that /proc shows the parent's line
+        while marker not in psutil.Process(proc.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
         said = runner._described([psutil.Process(proc.pid)])
     finally:
         proc.kill()
