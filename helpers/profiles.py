@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from helpers import devices, environment
+from helpers import devices, environment, models
 from helpers.devices import count_gpus, gpu_dtype  # noqa: F401 (the names notebooks use)
 from helpers.errors import CourseError, install_notebook_handler
 
@@ -132,6 +132,15 @@ def no_gpu_run(profile: Profile, command: str, runs: str = "the same script over
     the ``command``."""
     here = "Only one GPU rank here" if profile.name == "gpu" else "No GPUs here"
     return f"{here} ({why}): on 2 or more GPUs this cell runs {runs}, `{command}`."
+
+
+def gpu_run(profile: Profile, model_info, hub_id: str = GPU_DEFAULT_MODEL) -> tuple:
+    """The model and dtype of a command the gpu profile runs, for a lesson to print as text to copy: on the gpu
+    profile this run's own (``model_info``, ``profile.dtype``); on any other, the original ModelScope
+    tutorial's model by its hub id (``hub_id``, never downloaded here) in bfloat16."""
+    if profile.name == "gpu":
+        return model_info, profile.dtype
+    return models.ModelInfo(name=hub_id, path=hub_id, source="ModelScope", hub_id=hub_id), "bfloat16"
 
 
 def _choices(values) -> str:

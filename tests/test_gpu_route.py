@@ -135,6 +135,23 @@ def test_a_model_from_the_hub_is_given_to_swift_by_its_id_not_its_cache_folder(t
     assert inference.base_model(record).path == str(folder)  # the kernel's engines load the cached folder
 
 
+def test_a_printed_gpu_command_names_this_runs_model_on_the_gpu_profile_and_the_tutorials_elsewhere(tmp_path):
+    """profiles.gpu_run, what 10, 11 and 12 print for the learner to copy: on the gpu profile this run's model
+    and dtype (float16 on a card without bf16); elsewhere the original tutorial's hub id in bf16, not a
+    local folder that exists only here, and nothing downloaded."""
+    from swift import SftArguments
+
+    local = models.ModelInfo("tiny", str(tmp_path), "built here", template="qwen2_5")
+    assert profiles.gpu_run(gpu_profile(1, dtype="float16"), local) == (local, "float16")
+    for name in ("cpu", "smoke"):
+        model, dtype = profiles.gpu_run(profiles.resolve(name), local)
+        assert (model.swift_args(), dtype) == (["--model", profiles.GPU_DEFAULT_MODEL], "bfloat16")
+        parsed = swift_cli.parse(f"swift sft {' '.join(model.swift_args())} --torch_dtype {dtype}", SftArguments)
+        assert parsed["model"] == profiles.GPU_DEFAULT_MODEL and parsed["torch_dtype"] == "bfloat16"
+    base, _ = profiles.gpu_run(profiles.resolve("cpu"), local, "Qwen/Qwen2.5-7B")
+    assert base.swift_args() == ["--model", "Qwen/Qwen2.5-7B"] and not base.local
+
+
 # --- 3. memory let go at a notebook's end ------------------------------------------------------------------
 
 
