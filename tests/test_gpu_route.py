@@ -286,3 +286,29 @@ def test_a_typed_web_ui_command_starts_the_web_ui_it_names():
     assert (bare.lang, bare.host, bare.port, bare.proxied) == ("zh", "127.0.0.1", 7860, True)
     with pytest.raises(CourseError, match="is not a swift web-ui command; write it as 'swift web-ui"):
         web.WebUI.typed("swift sft --model x")
+
+
+def test_docs_gpu_md_counts_every_gpu_branch_of_08_to_12():
+    """docs/gpu.md lists the gpu branches of the SWIFT lessons by what they decide; a branch added to a lesson
+    must be added to that list, so the count it gives is the notebooks' own."""
+    import json
+    import re
+
+    from helpers import paths
+
+    branches = picks = 0
+    for notebook in sorted((paths.ROOT / "notebooks").glob("1[0-2]_*.ipynb")) + sorted(
+        (paths.ROOT / "notebooks").glob("0[89]_*.ipynb")
+    ):
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or source.startswith("%%writefile"):
+                continue  # a take-away script decides its device from its own arguments
+            branches += len(re.findall(r"profile\.(?:name|device)\s*(?:==|!=|\.startswith)|on_gpus\(", source))
+            picks += len(re.findall(r"\.(?:pick|knob)\(", source))
+    said = re.search(r"The gpu branches of 08-12 \((\d+) places .*?, and (\d+) picks\)", (paths.ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"), re.S)
+    assert said, "docs/gpu.md no longer says how many gpu branches 08-12 hold"
+    assert (int(said[1]), int(said[2])) == (branches, picks), (
+        f"docs/gpu.md counts {said[1]} branches and {said[2]} picks in 08-12; the notebooks hold {branches} and {picks}: "
+        "list the new ones by what they decide"
+    )
