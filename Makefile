@@ -28,27 +28,33 @@ help:
 	@echo "               SHAPE_ON_CPU=1 NPROC=1 runs the same in its gpu shape on the CPU; PRETEND=t4|v100|rtx3090|h100"
 	@echo "               there: torch believes that card is present, and any real CUDA call fails at once)"
 	@echo "make prune KEEP=N  delete all but the newest N versions of each run in build/outputs (never the latest)"
-	@echo "make lock     re-resolve requirements.txt into requirements-lock.txt (setup only installs the lock)"
+	@echo "make lock     re-resolve requirements.txt and requirements-dev.txt into their locks (setup only installs a lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
 	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
 	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: a reverse proxy in front); Ctrl-C stops all"
-	@echo "make setup    create .venv with exactly the locked packages (every target does it first)"
+	@echo "make setup    create .venv with the learner's locked packages (every target does it first; GROUP=dev, as test,"
+	@echo "              lint, book, zh, hub and student do: the tests', linters', site's and hub's as well)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
 	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
 	@echo "Parts of make test: unit-main, unit-long, unit-scripts, unit-hub, gpu-shape-1, gpu-shape-2, stream-units,"
 	@echo "                    stream-notebooks"
 
+# Set-up's group: the learner's packages (requirements-lock.txt) for run, lab and the targets that only run
+# notebooks; the development group as well (requirements-lock-dev.txt) where tests, linters, the site, the
+# Chinese edition or the hub need it. A .venv keeps the dev group once it has it (scripts/setup.sh).
+GROUP = learner
+test lint unit notebooks book zh hub student webui-shot: GROUP = dev
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh $(GROUP)
 
 run: setup
 	@$(BIN)/python -m course.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 lint: setup
-	$(BIN)/ruff check --no-cache conftest.py helpers course tests notebooks book
+	$(BIN)/ruff check --no-cache conftest.py helpers course tests notebooks book scripts
 
 # The longest tests run beside the others, each pytest session in its own build/test folder: `make gpu-check
 # SHAPE_ON_CPU=1` for 1 process and for 2 (tests/test_gpu_shape.py, one make run each, the notebooks of

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Create .venv and install exactly the packages of requirements-lock.txt, once: a second call sees nothing
-# changed and says so. Nothing here resolves versions: `make lock` makes the lock from requirements.txt.
+# Create .venv and install exactly the packages of a lock, once: a second call sees nothing changed and says
+# so. Nothing here resolves versions: `make lock` makes the locks from requirements.txt and
+# requirements-dev.txt. Its argument names the group: `learner` (the default; `make run` and `make lab`)
+# installs requirements-lock.txt, what the lessons need; `dev` (`make test`, `make lint`, `make book` and the
+# other maintainers' targets) installs requirements-lock-dev.txt, the same packages at the same versions and
+# those of the tests, the linters, the site and the hub beside them. .venv remembers that it has the dev
+# group (.venv/.course-group): a later learner set-up keeps it (remove .venv to go back to the learner's).
 # COURSE_KEEP_TORCH=1 keeps the torch already in .venv (a CUDA build you installed) and installs the rest
-# from requirements-lock-no-torch.txt; the notebooks check at start-up that this torch is in range. With no
+# from requirements-lock-no-torch.txt (and, for dev, what requirements-lock-dev.txt adds to
+# requirements-lock.txt); the notebooks check at start-up that this torch is in range. With no
 # .venv yet, it keeps the torch of $PYTHON (a GPU image's or a hosted notebook's Python 3.11) without
 # installing anything into it: .venv sees that interpreter's site-packages after its own, so the pinned
 # packages win and torch comes from the image. It ends by registering .venv as the Jupyter kernel
@@ -15,6 +21,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+GROUP=${1:-learner}
+GROUP_MARK=.venv/.course-group
+case "$GROUP" in
+  learner | dev) ;;
+  *) echo "setup: the group to install is learner (requirements-lock.txt) or dev (requirements-lock-dev.txt), not $GROUP."; exit 1 ;;
+esac
+# a .venv that has the dev group keeps it: make test's parts run set-up again as learners
+if [ "$GROUP" = learner ] && [ -x .venv/bin/python ] && grep -qx dev "$GROUP_MARK" 2>/dev/null; then GROUP=dev; fi
 KEEP_MARK=.venv/.course-keep-torch
 KEEP_TORCH=${COURSE_KEEP_TORCH:-}
 kept_kernel=
@@ -47,12 +61,16 @@ esac
 KERNEL=${COURSE_KERNEL_NAME:-${kept_kernel:-ddp-course}}
 LOCK=requirements-lock.txt
 if [ "$KEEP_TORCH" = 1 ]; then LOCK=requirements-lock-no-torch.txt; fi
-want=$( (cat requirements.txt requirements-nodeps.txt "$LOCK" pyproject.toml scripts/setup.sh scripts/uv.sh;
+DEV_LOCK=requirements-lock-dev.txt
+inputs=(requirements.txt requirements-nodeps.txt "$LOCK" pyproject.toml scripts/setup.sh scripts/uv.sh)
+if [ "$GROUP" = dev ]; then inputs+=(requirements-dev.txt "$DEV_LOCK"); fi
+want=$( (cat "${inputs[@]}"; echo "group: $GROUP"
          echo "keep torch: $KEEP_TORCH"; if [ "$KEEP_TORCH" = 1 ]; then echo "kernel: $KERNEL"; fi) \
        | sha256sum | cut -c1-16)
 stamp=.venv/.course-installed
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x .venv/bin/python ]; then
-  echo "setup: .venv already has every locked package (lock unchanged); nothing to install."
+  if [ "$GROUP" = dev ]; then which="the learner's and the development group's"; else which="the learner's"; fi
+  echo "setup: .venv already has every locked package ($which; locks unchanged); nothing to install."
   exit 0
 fi
 start=$(date +%s)
@@ -104,7 +122,25 @@ uv=$(bash scripts/uv.sh)
 # uv does not read pip's configuration: pass on its find-links (torch's CPU wheel) and indexes (mirrors).
 # Versions and hashes are fixed by the lock, so taking each file from whichever source has it is safe.
 mapfile -t sources < <(.venv/bin/python -c "from helpers import environment as e; print(*e.uv_sources(), sep='\n')")
-echo "setup: [2/4] installing the $(grep -c '^[A-Za-z0-9]' "$LOCK") packages of $LOCK (first time: 10 to 25 s) ..."
+count_packages() { grep -c '^[A-Za-z0-9]' "$1"; }
+files=("$LOCK")
+what="the $(count_packages "$LOCK") packages of $LOCK (the learner's group)"
+if [ "$GROUP" = dev ] && [ "$KEEP_TORCH" = 1 ]; then
+  # what the dev group adds to the learner's lock, beside the no-torch lock: torch and its own stay as they are
+  .venv/bin/python - "$DEV_LOCK" > .venv/.course-dev-only.txt <<'PY'
+import sys
+from helpers import environment
+learner = environment.read_lock()
+print("".join("\n".join(entry["block"]) + "\n" for name, entry in environment.read_lock(sys.argv[1]).items()
+              if name not in learner), end="")
+PY
+  files+=(.venv/.course-dev-only.txt)
+  what="the $(count_packages "$LOCK") packages of $LOCK and the $(count_packages .venv/.course-dev-only.txt) that $DEV_LOCK adds (the development group)"
+elif [ "$GROUP" = dev ]; then
+  files=("$DEV_LOCK")
+  what="the $(count_packages "$DEV_LOCK") packages of $DEV_LOCK (the learner's group and the development group)"
+fi
+echo "setup: [2/4] installing $what (first time: 10 to 25 s) ..."
 if [ "$KEEP_TORCH" = 1 ]; then
   .venv/bin/python - <<'PY'  # stop here, with one sentence, if that torch is outside the supported range
 from helpers import environment, errors
@@ -119,9 +155,10 @@ PY
     echo "# scripts/setup.sh: this .venv keeps its own torch (COURSE_KEEP_TORCH=1); COURSE_KEEP_TORCH=0 make setup installs the lock's CPU torch instead."
     echo "kernel=$KERNEL"
   } > "$KEEP_MARK"
-  install=(install --no-deps -r "$LOCK")  # add to what is there: torch and its CUDA libraries stay
+  install=(install --no-deps)  # add to what is there: torch and its CUDA libraries stay
+  for file in "${files[@]}"; do install+=(-r "$file"); done
 else
-  install=(sync "$LOCK")  # exactly the lock: anything else in .venv goes
+  install=(sync "${files[@]}")  # exactly the lock: anything else in .venv goes
 fi
 # Compile to bytecode now, once: uv does not by default, and with PYTHONDONTWRITEBYTECODE=1 (set on the
 # course machines and in CI) every process would compile every module it imports from source again
@@ -130,7 +167,7 @@ compile=(--compile-bytecode)
 if [ "${COURSE_COMPILE_BYTECODE:-1}" = 0 ]; then compile=(); fi
 if ! "$uv" pip "${install[@]}" --python .venv/bin/python --require-hashes --index-strategy unsafe-best-match \
     "${compile[@]}" "${sources[@]}"; then
-  echo "setup: installing $LOCK failed (above: which package)."
+  echo "setup: installing $what failed (above: which package)."
   if [ "$KEEP_TORCH" != 1 ]; then
     echo "       The lock holds torch's CPU build, found through pip's find-links; on a GPU machine, install a"
     echo "       CUDA build of torch into .venv and run with COURSE_KEEP_TORCH=1 (docs/gpu.md)."
@@ -166,6 +203,7 @@ if [ "$KEEP_TORCH" = 1 ] && [ "$KERNEL" != none ]; then
   echo "setup: in JupyterLab, pick the kernel \"Python 3 ($KERNEL)\" (Kernel > Change Kernel): it runs .venv/bin/python."
 fi
 if [ "$KEEP_TORCH" = 0 ]; then rm -f "$KEEP_MARK"; fi  # the lock's torch now: nothing left to keep
+echo "$GROUP" > "$GROUP_MARK"
 echo "$want" > "$stamp"
 seconds=$(( $(date +%s) - start ))
 printf '{"seconds": %d, "packages_seconds": %d, "date": "%s"}\n' "$seconds" "$packages" \

