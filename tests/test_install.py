@@ -10,6 +10,7 @@ Everything but the CUDA build itself runs for real. Both set the Jupyter data fo
 (set-up registers a kernel there) and skip compiling to bytecode (COURSE_COMPILE_BYTECODE=0: 40 s more
 each on 2 cores, and not what these tests are about). The first then goes on as a learner would, with
 `make run`, `make lab` and `make setup` and no COURSE_KEEP_TORCH: each must leave that torch where it is,
+and installs the learner's group only; then as a maintainer, with the development group beside that torch;
 until `COURSE_KEEP_TORCH=0 make setup` asks for the lock's.
 """
 
@@ -30,6 +31,7 @@ from helpers import environment, launching, paths
 
 UV = str(paths.ROOT / ".venv" / "bin" / "uv")
 PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+DEV_ONLY = ("pytest", "ruff", "jupyterhub", "sphinx", "vulture")  # a few of the development group's packages
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +145,17 @@ def make_lab_until_it_serves(repo: Path, env: dict[str, str], timeout: float = 1
     return log.read_text()
 
 
+def has(python: Path, *packages: str) -> dict[str, bool]:
+    """Whether each package is installed in ``python``'s environment."""
+    done = subprocess.run(
+        [python, "-c", "import sys, importlib.metadata as m\nfor p in sys.argv[1:]:\n"
+                       "    try: m.version(p); print(p, True)\n    except m.PackageNotFoundError: print(p, False)",
+         *packages],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return {name: said == "True" for name, said in (line.split() for line in done.stdout.splitlines())}
+
+
 def purelib(python: Path) -> Path:
     done = subprocess.run([python, "-c", PURELIB], capture_output=True, text=True, check=True)
     return Path(done.stdout.strip())
@@ -214,6 +227,18 @@ def test_keep_torch_setup_installs_the_rest_and_every_later_setup_keeps_that_tor
     again = subprocess.run(["make", "setup"], cwd=repo, env=later, capture_output=True, text=True)
     assert again.returncode == 0 and torch_state(python) == kept, again.stdout + again.stderr
     assert keeping in again.stdout and "nothing to install" in again.stdout, again.stdout
+    assert not any(has(python, *DEV_ONLY).values()), "the learner's set-up installed the development group"
+
+    # A maintainer's target (make lint, make test) installs the development group beside that torch; the
+    # learner's set-ups after it keep that group.
+    dev = subprocess.run(["make", "setup", "GROUP=dev"], cwd=repo, env=later, capture_output=True, text=True)
+    assert dev.returncode == 0, dev.stdout + dev.stderr
+    assert torch_state(python) == kept, "the development group's set-up replaced the kept torch:\n" + dev.stdout
+    assert "that requirements-lock-dev.txt adds (the development group)" in dev.stdout, dev.stdout
+    assert all(has(python, *DEV_ONLY).values()), dev.stdout
+    learner = subprocess.run(["make", "setup"], cwd=repo, env=later, capture_output=True, text=True)
+    assert learner.returncode == 0 and "nothing to install" in learner.stdout, learner.stdout + learner.stderr
+    assert all(has(python, *DEV_ONLY).values()) and torch_state(python) == kept
 
     # Only when asked: COURSE_KEEP_TORCH=0 installs the lock, its CPU torch included, and forgets the kept one.
     replaced = subprocess.run(["make", "setup"], cwd=repo, env={**later, "COURSE_KEEP_TORCH": "0"},
@@ -221,6 +246,7 @@ def test_keep_torch_setup_installs_the_rest_and_every_later_setup_keeps_that_tor
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
     lock_torch = environment.read_lock()["torch"]["version"]
     assert torch_state(python)[0] == lock_torch, replaced.stdout
+    assert all(has(python, *DEV_ONLY).values()), "the venv lost the development group:\n" + replaced.stdout
     plain = subprocess.run(["make", "setup"], cwd=repo, env=later, capture_output=True, text=True)
     assert plain.returncode == 0 and keeping not in plain.stdout and "nothing to install" in plain.stdout, (
         plain.stdout + plain.stderr
@@ -321,3 +347,17 @@ def test_setup_keeps_a_cuda_torch_it_finds_in_a_venv_without_the_mark(tmp_path):
         "setup: COURSE_KEEP_TORCH=yes: 1 keeps the torch"
     )
     assert len(refused.stdout.splitlines()) == 1
+
+
+def test_run_and_lab_set_up_the_learners_group_and_the_maintainers_targets_everything():
+    """What each target's set-up installs: the learner's lock for run and lab, the development lock (the tests',
+    linters', site's and hub's packages as well) for the targets that need them."""
+    said = {}
+    for target in ("run", "lab", "setup", "test", "lint", "unit", "notebooks", "book", "zh", "hub", "student",
+                   "webui-shot"):  # fmt: skip
+        done = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=paths.ROOT, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        groups = [line.split()[-1] for line in done.stdout.splitlines() if line.startswith("bash scripts/setup.sh")]
+        said[target] = groups[0] if groups else "no set-up"
+    assert {target for target, group in said.items() if group == "learner"} == {"run", "lab", "setup"}, said
+    assert set(said.values()) == {"learner", "dev"}, said
