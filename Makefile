@@ -82,6 +82,7 @@ unit-hub:
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
 
+# the 1-process shape runs only the notebooks whose gpu path on one GPU differs from two's (gpu_check.ONE_GPU_PATHS)
 gpu-shape-1 gpu-shape-2:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
 		-k "$(subst gpu-shape-,,$@)-process"
@@ -133,8 +134,10 @@ prune: setup
 # and a venv it made keeps its torch at every later set-up). DRY=1 prints the commands and needs no GPU;
 # SHAPE_ON_CPU=1 runs exactly those commands in the gpu shape on the CPU (make test runs NPROC=1 and NPROC=2).
 # PRETEND=rtx3090|h100|t4|v100 (with SHAPE_ON_CPU=1): torch believes NPROC such cards are there, in the kernel and
-# in every process meant for the CPU, and fails at once on any real CUDA call (course/pretend/)
-GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)),--shape-on-cpu) $(if $(PRETEND),--pretend $(PRETEND))
+# in every process meant for the CPU, and fails at once on any real CUDA call (course/pretend/). ONLY="09 11":
+# those notebooks of the check alone, printed and run
+GPU_CHECK_ARGS = $(if $(NPROC),--nproc $(NPROC)) $(if $(filter 1,$(SHAPE_ON_CPU)),--shape-on-cpu) $(if $(PRETEND),--pretend $(PRETEND)) \
+                 $(if $(ONLY),--only $(ONLY))
 gpu-check:
 ifeq ($(DRY),1)
 	@$(MAKE) --no-print-directory setup
