@@ -14,7 +14,6 @@ course/, ARCHITECTURE.md).
 - swift_local_code_only  a SWIFT plugin (--external_plugins): no code shipped in a model folder runs
 - launching  run torchrun and other commands from a cell: live rank-prefixed output, timeouts, results, on
              the GPUs this process may use
-- worker     inside a launched script: join the process group, pick the device, save a result, leave together
 - swiftcli   the `swift` command as text a learner can type, run from a cell
 - environment installed versions against the pins, accelerators and distributed backends
 - report     record a notebook's key metrics (collected into the run report) and show tables
@@ -29,8 +28,8 @@ One module per lesson concept, each explained in its notebook:
 - parallelism   01: shards, gradient averaging, parameter-server vs ring traffic, training-state bytes
 - dataparallel  02: a threaded DataParallel that traces the nine steps of a step
 - dp_costs      02: what DataParallel costs the main device, step times against K, torch's own DataParallel
-- collective    03: collectives by hand (a ring all-reduce), algbw / busbw, the alpha-beta model of a link
-- bucketing     04: how DDP's Reducer packs gradients into buckets, read back from torch
+- collective    03, 07: algbw / busbw from measured times, the alpha-beta model of a link
+- bucketing     04, 05: how DDP's Reducer packs gradients into buckets, and the buckets a comm hook saw
 - comm_hooks    04, 05, 06, 07: overlap read from timed steps, drawn and summarised
 - netlab        06, 07: nodes as network namespaces on a rate-limited link, for torchrun across them
 - training      06: toy data and model, the checks of a run's layout, all-reduce volume, scaling

@@ -1,4 +1,4 @@
-"""DDP's Reducer buckets: how torch packs gradients into buckets, read back from a real DDP model, and shown."""
+"""DDP's Reducer buckets: torch's rule for packing gradients, and the buckets a comm hook saw, tabled and drawn."""
 
 from __future__ import annotations
 
@@ -29,36 +29,6 @@ def expected_buckets(sizes, cap_bytes: int, first_cap_bytes: int | None = None, 
         else:
             open_buckets[kind] = (indices, filled)
     return sorted(closed + [indices for indices, _ in open_buckets.values()], key=min)
-
-
-def parse_index_groups(text: str) -> list[list[int]]:
-    """DDP's logging data writes bucket contents as ``"7 6 5, 4 3"``; this gives [[7, 6, 5], [4, 3]]."""
-    return [[int(i) for i in group.split()] for group in text.split(",") if group.strip()]
-
-
-def ddp_buckets(net) -> dict:
-    """What DDP itself says about its buckets (from ``net._get_ddp_logging_data()``)."""
-    data = net._get_ddp_logging_data()
-    rebuilt = data.get("rebuilt_per_bucket_param_indices", "")
-    return {
-        "rebuilt": bool(data.get("has_rebuilt_buckets")),
-        "bucket_cap_bytes": int(data.get("bucket_cap_bytes", 0)),
-        "param_indices": parse_index_groups(rebuilt) if rebuilt else [],
-        "bucket_bytes": [int(s) for s in str(data.get("rebuilt_bucket_sizes", "")).split(",") if s.strip()],
-        "grad_ready_order": [
-            int(i)
-            for i in str(data.get("prev_iteration_grad_ready_order_indices", "")).replace(",", " ").split()
-        ],
-        "total_parameter_bytes": int(data.get("total_parameter_size_bytes", 0)),
-    }
-
-
-def bucket_summary(log) -> list[dict]:
-    """What a logging comm hook saw in one backward: bucket index, parameter names, bytes."""
-    return [
-        {k: r[k] for k in ("bucket", "params", "bytes")}
-        for r in sorted(log.records, key=lambda r: r["bucket"])
-    ]
 
 
 def predict_buckets(

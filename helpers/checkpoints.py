@@ -71,11 +71,6 @@ def load_weights(path) -> dict[str, torch.Tensor]:
     return state.get("model", state)
 
 
-def bit_equal(a: dict, b: dict) -> bool:
-    """Every tensor identical, bit for bit."""
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 def read_events(path) -> list[dict]:
     path = Path(path)
     return (

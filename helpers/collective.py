@@ -1,52 +1,9 @@
-"""Collectives by hand and measured: a ring all-reduce, algbw and busbw, and the alpha-beta model of a link."""
+"""Collectives measured: algbw and busbw from the slowest rank's times, and the alpha-beta model of a link."""
 
 from __future__ import annotations
 
-import statistics
-import time
-
 from helpers.bytecount import human_bytes
 from helpers.errors import CourseError
-from helpers.worker import sync
-
-
-def ring_all_reduce(tensor, group=None):
-    """Sum ``tensor`` over all ranks in place, the ring way, with point-to-point sends only.
-
-    The tensor is cut into n chunks. Reduce-scatter: in n - 1 steps every rank passes one chunk to
-    its right-hand neighbour and adds the chunk arriving from its left; afterwards rank r holds the
-    complete sum of chunk (r + 1) mod n. All-gather: n - 1 more steps pass those finished chunks on
-    around the ring until every rank has all of them. Each rank sends 2(n - 1)/n of the tensor in
-    total, however many ranks there are.
-    """
-    import torch
-    import torch.distributed as dist
-
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    if n == 1:
-        return tensor
-    right, left = (r + 1) % n, (r - 1) % n
-    if group is not None:  # point-to-point ops take global ranks
-        right, left = dist.get_global_rank(group, right), dist.get_global_rank(group, left)
-    flat = tensor.view(-1)
-    chunks = list(torch.tensor_split(flat, n))
-    inbox = torch.empty_like(chunks[0])
-
-    def exchange(send_index, recv_index):
-        incoming = inbox[: chunks[recv_index].numel()]
-        ops = [
-            dist.P2POp(dist.isend, chunks[send_index], right, group),
-            dist.P2POp(dist.irecv, incoming, left, group),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        return incoming
-
-    for step in range(n - 1):  # reduce-scatter
-        chunks[(r - step - 1) % n].add_(exchange((r - step) % n, (r - step - 1) % n))
-    for step in range(n - 1):  # all-gather
-        chunks[(r - step) % n].copy_(exchange((r - step + 1) % n, (r - step) % n))
-    return tensor
 
 
 def bus_factor(n: int) -> float:
@@ -58,47 +15,6 @@ def bandwidths(nbytes: float, seconds: float, n: int) -> dict:
     """algbw = bytes / time (what the caller sees); busbw = algbw x 2(n-1)/n (what each link carries)."""
     algbw = nbytes / seconds
     return {"algbw": algbw, "busbw": algbw * bus_factor(n)}
-
-
-def time_collective(fn, tensor, repeats: int = 5) -> float:
-    """Median seconds of ``fn(tensor)`` after one warm-up call; ranks start each repeat together."""
-    import torch.distributed as dist
-
-    fn(tensor)
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        sync(tensor.device)
-        t = time.perf_counter()
-        fn(tensor)
-        sync(tensor.device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def copy_bandwidth(nbytes: int, device, repeats: int = 5) -> float:
-    """This machine's memory-copy speed (bytes/s): copy one large buffer into another, median of repeats."""
-    import torch
-
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return nbytes / statistics.median(times)
-
-
-def message_sizes(smallest: int, largest: int, factor: int = 4) -> list[int]:
-    sizes, size = [], smallest
-    while size <= largest:
-        sizes.append(size)
-        size *= factor
-    return sizes
 
 
 def bandwidth_table(results: list[dict]) -> list[dict]:

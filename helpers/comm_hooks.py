@@ -48,19 +48,6 @@ def typical_step(steps: list[dict], overlap: bool) -> dict:
     return min(chosen, key=lambda s: abs(s["seconds"] - middle))
 
 
-def comm_during_backward(step: dict) -> float:
-    """Seconds of backward during which at least one bucket's all-reduce was in flight."""
-    lo, hi = step["forward_end"], step["backward_end"]
-    spans = sorted((max(b["ready"], lo), min(b["done"], hi)) for b in step["buckets"])
-    covered, reach = 0.0, lo
-    for start, end in spans:
-        start = max(start, reach)
-        if end > start:
-            covered += end - start
-            reach = end
-    return covered
-
-
 def link_finish_times(ready, wire) -> list[float]:
     """When each message is delivered on one serial link: it starts once it is ready and the wire is free."""
     done, free = [], float("-inf")

@@ -235,9 +235,6 @@ def place_on_gpus(model_path: str, devices: int, dtype: str = "bfloat16"):
 
 # --- 2. DDP + device_map: SWIFT's grouping ------------------------------------------------------------
 
-SWIFT_GROUP_RULE = "device_ids = list(range(local_rank, n_gpu, local_world_size))"
-
-
 # SWIFT's rule for how many GPUs NPROC_PER_NODE processes may share: swift/utils/env.py, is_mp():
 #     assert n_gpu % local_world_size == 0, f'n_gpu: {n_gpu}, local_world_size: {local_world_size}'
 #     if n_gpu // local_world_size >= 2: return True   # device_map over n_gpu // local_world_size GPUs
@@ -245,7 +242,6 @@ SWIFT_GROUP_RULE = "device_ids = list(range(local_rank, n_gpu, local_world_size)
 # there is more than one process. SWIFT calls is_mp() when it picks a CUDA model's device_map
 # (swift/model/utils.py, get_default_device_map), so a count that does not divide stops every rank with an
 # AssertionError before training.
-SWIFT_LAYOUT_SOURCE = "swift/utils/env.py, is_mp() and is_mp_ddp()"
 
 
 def _gpus(n: int) -> str:
@@ -254,7 +250,7 @@ def _gpus(n: int) -> str:
 
 def swift_layout_problem(n_gpu: int, nproc: int) -> str | None:
     """None when SWIFT accepts ``n_gpu`` visible GPUs for ``NPROC_PER_NODE=nproc``; else one sentence
-    naming its rule (``SWIFT_LAYOUT_SOURCE``) and the nearest layouts it accepts."""
+    naming its rule (swift/utils/env.py, is_mp()) and the nearest layouts it accepts."""
     if n_gpu % nproc == 0:
         return None
     fewer = max(n for n in range(1, min(nproc, n_gpu) + 1) if n_gpu % n == 0)
@@ -267,7 +263,8 @@ def swift_layout_problem(n_gpu: int, nproc: int) -> str | None:
 
 
 def swift_devices(local_rank: int, n_gpu: int, local_world_size: int) -> list[int]:
-    """The GPUs SWIFT gives one rank under DDP + device_map (its rule, quoted in ``SWIFT_GROUP_RULE``).
+    """The GPUs SWIFT gives one rank under DDP + device_map: its own line (swift/model/patcher.py) is
+    ``device_ids = list(range(local_rank, n_gpu, local_world_size))``.
 
     Stops with one sentence for a GPU count SWIFT refuses (see :func:`swift_layout_problem`).
     """
@@ -280,8 +277,8 @@ def swift_devices(local_rank: int, n_gpu: int, local_world_size: int) -> list[in
 def mp_ddp_layout(n_gpu: int, nproc: int = 2) -> dict:
     """The nearest DDP + device_map layout SWIFT accepts for ``nproc`` ranks on ``n_gpu`` visible GPUs.
 
-    SWIFT (``SWIFT_LAYOUT_SOURCE``) needs the GPU count to be a multiple of ``nproc``, and device_map
-    needs at least 2 GPUs per rank. The layout uses the first ``n_gpu // nproc * nproc`` GPUs:
+    SWIFT (swift/utils/env.py, is_mp() and is_mp_ddp()) needs the GPU count to be a multiple of ``nproc``,
+    and device_map needs at least 2 GPUs per rank. The layout uses the first ``n_gpu // nproc * nproc`` GPUs:
     ``CUDA_VISIBLE_DEVICES`` for the launch, ``GPUs per rank`` as SWIFT will group them, and ``note``,
     one sentence saying which GPUs stay idle (None when all are used). Too few GPUs or processes stop with
     one sentence naming the rule.

@@ -339,65 +339,6 @@ def largest_gap(a, b, mask) -> float:
     return float((a[keep] - b[keep]).abs().max())
 
 
-def merged_weight_errors(base_dir, adapter_dir, merged_dir) -> dict:
-    """Check every adapted weight of the merged model against W + (alpha / r) B A, computed here in float32
-    from the base model's and the adapter's files, one tensor at a time (a 7B model never sits in memory).
-
-    The merged file holds that sum rounded to its dtype: peft's ``LoraLayer.merge`` rounds the update
-    (alpha / r) B A to the weight's dtype and adds it in place, which rounds again. Each rounding moves a
-    value by at most half the dtype's spacing there, and the spacing at x is at most ``finfo(dtype).eps`` × |x|,
-    so each element must lie within eps × (|W'| + |update|) of the float32 sum (twice what two roundings
-    can do). Returns ``{"weights": n, "dtype": ..., "worst": the largest error / that bound}``: worst <= 1
-    holds whenever merging added exactly the adapter's update and nothing else.
-    """
-    import torch
-
-    config = lora.check_adapter(adapter_dir)
-    if config.get("use_dora") or config.get("use_rslora") or config.get("fan_in_fan_out"):
-        raise CourseError("this check knows plain LoRA only (no DoRA, rsLoRA or fan_in_fan_out).")
-    scale = config["lora_alpha"] / config["r"]
-    adapter = _tensors(Path(adapter_dir))
-    base, merged = _tensors(Path(base_dir)), _tensors(Path(merged_dir))
-    prefix = "base_model.model."
-    worst, count, dtype = 0.0, 0, None
-    for key in sorted(k for k in adapter if k.endswith(".lora_A.weight")):
-        name = key[len(prefix) :].replace(".lora_A.weight", ".weight")
-        if name not in base or name not in merged:
-            raise CourseError(
-                f"{name} (adapted by {key}) is not in both the base and the merged model's files."
-            )
-        a = _read(adapter[key], key).float()
-        b = _read(adapter[key.replace("lora_A", "lora_B")], key.replace("lora_A", "lora_B")).float()
-        update = scale * (b @ a)
-        got = _read(merged[name], name)
-        dtype = got.dtype
-        want = _read(base[name], name).float() + update
-        bound = torch.finfo(dtype).eps * (want.abs() + update.abs()) + torch.finfo(dtype).tiny
-        worst = max(worst, float(((got.float() - want).abs() / bound).max()))
-        count += 1
-    if count == 0:
-        raise CourseError(f"no LoRA weights (*.lora_A.weight) in {adapter_dir}.")
-    return {"weights": count, "dtype": str(dtype).removeprefix("torch."), "worst": worst}
-
-
-def _tensors(folder: Path) -> dict[str, Path]:
-    """Tensor name -> the ``*.safetensors`` file in ``folder`` that holds it."""
-    from safetensors import safe_open
-
-    where = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, "pt") as handle:
-            where.update(dict.fromkeys(handle.keys(), file))
-    return where
-
-
-def _read(file: Path, name: str):
-    from safetensors import safe_open
-
-    with safe_open(file, "pt") as handle:
-        return handle.get_tensor(name)
-
-
 # --- streaming: one answer, piece by piece --------------------------------------------------------------
 
 

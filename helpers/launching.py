@@ -3,7 +3,7 @@
 Every launch prints the exact command first (paste it into a terminal to run it yourself), picks a
 free port, streams each line live with its rank in front, stops the whole process tree on timeout
 or on the stop button, turns a failing rank into an exception that quotes its exit code and the end
-of its traceback, and returns what each rank saved with :func:`save_result`.
+of its traceback, and returns what each rank wrote to ``$COURSE_RESULTS_DIR/rank<N>.json``.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class LaunchResult:
     command: str
     returncode: int
     seconds: float
-    results: list  # per rank: what save_result wrote (None where a rank wrote nothing)
+    results: list  # per rank: what it wrote to $COURSE_RESULTS_DIR/rank<N>.json (None where it wrote nothing)
     lines: list[str] = field(repr=False)
     log_dir: Path | None = None
     note: str | None = None  # set when the work finished but a rank aborted while exiting
@@ -167,17 +167,15 @@ def kill_tree(pid: int, grace: float = 3.0) -> int:
 
     def collect():
         found = [root]
-        with_children = [root]
         try:
-            with_children += root.children(recursive=True)
+            found += root.children(recursive=True)
         except psutil.NoSuchProcess:
             pass
         for proc in list(seen.values()):
             try:
-                with_children += proc.children(recursive=True)
+                found += proc.children(recursive=True)
             except psutil.NoSuchProcess:
                 pass
-        found = with_children
         for proc in found:
             seen.setdefault(proc.pid, proc)
         return found
@@ -323,8 +321,8 @@ class Launch:
     def exited_late(self, error: LaunchError) -> bool:
         """True when ``error`` is only a gloo abort in interpreter teardown after the work was done.
 
-        A script of ours avoids it with :func:`helpers.worker.exit_together`; a program we do not write (``swift sft``)
-        cannot, so for it the launch names the line that proves the work finished (``finished``).
+        A program we do not write (``swift sft``) cannot avoid it, so for it the launch names the line that
+        proves the work finished (``finished``).
         """
         if not self.finished or error.exitcode != -signal.SIGABRT:
             return False

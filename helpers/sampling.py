@@ -23,11 +23,6 @@ def sampler_indices(samples: int, world: int, epochs: int, set_epoch: bool = Tru
     return out
 
 
-def every_epoch_identical(indices) -> bool:
-    """True when every epoch hands every rank exactly the order of epoch 0."""
-    return all(epoch == indices[0] for epoch in indices)
-
-
 def disjoint_cover(ranks: list[list[int]], samples: int) -> bool:
     """True when the ranks' shards share no sample and together hold every sample once."""
     flat = [i for shard in ranks for i in shard]

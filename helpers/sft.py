@@ -10,7 +10,7 @@ import os
 import re
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from helpers import launching, models, paths, swiftcli
@@ -77,10 +77,6 @@ class SftPlan:
     def global_batch(self) -> int:
         """Samples per optimizer step: per-device batch x processes x gradient accumulation."""
         return self.per_device_batch * self.nproc * self.grad_accum
-
-    def but(self, **changes) -> SftPlan:
-        """A copy with some fields changed (``plan.but(nproc=2, per_device_batch=2)``)."""
-        return replace(self, **changes)
 
     def options(self) -> dict:
         """Every SWIFT option of this run, by name, with Python values."""

@@ -6,7 +6,7 @@ nodes on one machine, all-reduce volume, scaling, and their pictures.
 A complete DDP training script needs more than DDP: deterministic toys (:func:`toy_dataset`,
 :func:`toy_model`: two runs compare bit for bit), sampler shards (:mod:`helpers.sampling`), checkpoints that
 survive a killed worker (:mod:`helpers.checkpoints`), and a process group that survives ``torchrun
---max-restarts`` (:func:`helpers.worker.join_group`).
+--max-restarts`` (06's script: a fresh key prefix in torchrun's store for each attempt).
 """
 
 from __future__ import annotations

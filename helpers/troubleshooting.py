@@ -70,7 +70,8 @@ def python_script(script, *args, timeout: float = 120, env: dict | None = None, 
     """Run ``python script args`` in its own process and wait.
 
     The same launcher as torchrun: the command is printed, output streamed, the process stopped on
-    timeout (LaunchTimeout); what the script saves with ``save_result`` comes back in ``.results[0]``.
+    timeout (LaunchTimeout); what the script writes to ``$COURSE_RESULTS_DIR/rank0.json`` comes back in
+    ``.results[0]``.
     """
     return launching.run(prepare_python(script, *args, timeout=timeout, env=env), show=show)[0]
 

@@ -1,11 +1,13 @@
 """Lessons 03-05's helpers: bucket packing, bandwidth maths, the simulated wire and timed hook of the
-notebook's inside_overlap.py, checkers, and (two gloo ranks) the hand-written ring all-reduce and DDP's
-own buckets."""
+notebook's inside_overlap.py, checkers, and (on gloo ranks) 03's hand-written ring all-reduce and, read
+with 04's inside_buckets.py, DDP's own buckets."""
 
+import ast
 import textwrap
 import threading
 import time
 
+import launched
 import pytest
 from test_scripts import SCRIPTS, load_script
 
@@ -90,11 +92,6 @@ def test_predicted_buckets_follow_the_gradient_ready_order():
     assert bucketing.predict_buckets(sizes, [3, 2, 1, 0], 50) == [[3, 2], [1, 0]]
 
 
-def test_ddp_logging_strings_are_parsed():
-    assert bucketing.parse_index_groups("7 6 5 4, 3 2, 1 0") == [[7, 6, 5, 4], [3, 2], [1, 0]]
-    assert bucketing.parse_index_groups("") == []
-
-
 def test_bucket_rows_and_layouts_describe_what_the_hook_saw():
     sizes = {"a.weight": 400, "a.bias": 4, "b.weight": 800, "b.bias": 8}
     seen = [
@@ -131,8 +128,7 @@ def test_bandwidth_table_takes_the_slowest_rank():
     assert row["busbw GB/s"] == pytest.approx(row["algbw GB/s"])  # n = 2: factor 1
 
 
-def test_message_sizes_and_human_bytes():
-    assert collective.message_sizes(4096, 65536) == [4096, 16384, 65536]
+def test_human_bytes():
     assert bytecount.human_bytes(4096) == "4 KiB" and bytecount.human_bytes(1.5 * MiB) == "1.5 MiB"
     assert bytecount.human_bytes(64 * MiB) == "64 MiB"
     assert bytecount.human_bytes(100) == "100 B"
@@ -157,16 +153,6 @@ def step(overlap, buckets):
         "end": 4.5,
         "buckets": buckets,
     }
-
-
-def test_communication_during_backward_counts_the_union_of_in_flight_time():
-    buckets = [
-        {"bucket": 0, "bytes": 8, "ready": 1.5, "done": 2.5},
-        {"bucket": 1, "bytes": 8, "ready": 2.0, "done": 3.5},  # overlaps bucket 0 and outlives backward
-    ]
-    assert comm_hooks.comm_during_backward(step(True, buckets)) == pytest.approx(1.5)  # 1.5 .. 3.0
-    after = [{"bucket": 0, "bytes": 8, "ready": 3.0, "done": 3.8}]
-    assert comm_hooks.comm_during_backward(step(False, after)) == 0
 
 
 def test_step_spans_put_compute_on_one_lane_and_each_bucket_on_its_own():
@@ -222,8 +208,8 @@ def test_the_models_and_their_fingerprints():
 def test_show_source_returns_the_source(capsys):
     from helpers import report
 
-    assert "def ring_all_reduce" in report.show_source(collective.ring_all_reduce)
-    assert "def ring_all_reduce" in capsys.readouterr().out  # outside Jupyter it is printed
+    assert "def link_finish_times" in report.show_source(comm_hooks.link_finish_times)
+    assert "def link_finish_times" in capsys.readouterr().out  # outside Jupyter it is printed
 
 
 # --- the exercises --------------------------------------------------------------------------------
@@ -231,24 +217,54 @@ def test_show_source_returns_the_source(capsys):
 
 # --- two gloo ranks -------------------------------------------------------------------------------
 
+def notebook_function(script: str, name: str):
+    """The definition of ``name`` alone, compiled from a written script that does its work at module level."""
+    tree = ast.parse(SCRIPTS[script])
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return compile(ast.Module([node], type_ignores=[]), script, "exec")
+
+
+RING = notebook_function("collectives_and_ring.py", "ring_all_reduce")  # 03's ring, by hand
+
+
+def ring_against_the_library(rank, world):
+    """On each rank: 03's ring and dist.all_reduce on the same data, equal for each length."""
+    import torch
+    import torch.distributed as dist
+
+    space = {"torch": torch, "dist": dist, "rank": rank, "n": world}  # the script's globals
+    exec(RING, space)
+    same = []
+    for numel in (1, 2, 3, 1001):  # fewer elements than ranks, uneven chunks
+        data = torch.randint(-99, 99, (numel,), generator=torch.Generator().manual_seed(rank)).float()
+        library = data.clone()
+        dist.all_reduce(library)
+        same.append(torch.equal(space["ring_all_reduce"](data.clone()), library))
+    return same
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_03s_ring_all_reduce_equals_the_library_on_every_rank(world):
+    assert exercises.on_ranks(ring_against_the_library, world) == [[True] * 4] * world
+
+
 SCRIPT = textwrap.dedent(
     """
+    import types
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import inside_overlap  # the notebook's script, written beside this one
-    from helpers import bucketing, collective, comm_hooks, compare, toys, worker
-    from helpers.worker import exit_together, save_result
+    import inside_buckets  # the notebook's scripts, written beside this one
+    import inside_overlap
+    from helpers import bucketing, compare, toys
+    from launched import exit_together, save_result
 
-    me = worker.init_rank("gloo")
-    ring = []
-    for n in (1, 2, 3, 1001):  # fewer elements than ranks, uneven chunks
-        data = torch.randint(-99, 99, (n,), generator=torch.Generator().manual_seed(me.rank)).float()
-        library = data.clone()
-        dist.all_reduce(library)
-        ring.append(torch.equal(collective.ring_all_reduce(data.clone()), library))
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    me = types.SimpleNamespace(rank=dist.get_rank(), world=dist.get_world_size(), device=torch.device("cpu"))
 
     x, y = inside_overlap.make_batch(bucketing.ANATOMY_WIDTHS, 4, me.rank, me.device)
     buckets = {}
@@ -259,7 +275,8 @@ SCRIPT = textwrap.dedent(
         for _ in range(3):
             log.reset()
             F.mse_loss(net(x), y).backward()
-        buckets[cap] = {"seen": bucketing.bucket_summary(log), "ddp": bucketing.ddp_buckets(net)}
+        seen = sorted(({k: r[k] for k in ("bucket", "params", "bytes")} for r in log.records), key=lambda r: r["bucket"])
+        buckets[cap] = {"seen": seen, "ddp": inside_buckets.ddp_buckets(net)}
 
     prints = {}
     for overlap in (True, False):  # one step each way from the same start: the same update
@@ -270,8 +287,8 @@ SCRIPT = textwrap.dedent(
         inside_overlap.timed_step(net, x, y, optimizer, log)  # warm-up: DDP rebuilds its buckets
         s = inside_overlap.timed_step(net, x, y, optimizer, log, overlap=overlap, buckets=inside_overlap.buckets_from_log(log, net.module))
         prints[overlap] = compare.fingerprint(net.module)
-        assert (comm_hooks.comm_during_backward(s) > 0) == overlap
-    save_result({"ring": ring, "buckets": buckets, "prints": prints, "everyone": worker.gather_objects(me.rank)})
+        assert any(b["ready"] < s["backward_end"] for b in s["buckets"]) == overlap  # sent while backward ran
+    save_result({"buckets": buckets, "prints": prints})
     exit_together()
     """
 )
@@ -284,16 +301,13 @@ def two_ranks(tmp_path_factory):
     mp.setenv("COURSE_BUILD_DIR", str(folder / "build"))
     script = folder / "ddp_under_test.py"
     script.write_text(SCRIPT)
-    (folder / "inside_overlap.py").write_text(SCRIPTS["inside_overlap.py"])
+    for name in ("inside_buckets.py", "inside_overlap.py"):
+        (folder / name).write_text(SCRIPTS[name])
+    launched.beside(script)
     try:
         yield launching.torchrun(script, nproc=2, timeout=120, show=False)
     finally:
         mp.undo()
-
-
-def test_ring_all_reduce_equals_the_library_on_every_rank(two_ranks):
-    assert [r["ring"] for r in two_ranks.results] == [[True] * 4] * 2
-    assert [r["everyone"] for r in two_ranks.results] == [[0, 1], [0, 1]]
 
 
 def test_ddp_buckets_match_the_hook_and_the_packing_rule(two_ranks):

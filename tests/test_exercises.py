@@ -49,7 +49,6 @@ from helpers import (
     training,
     troubleshooting,
     web,
-    worker,
 )
 from helpers.exercises import check, checker, nb04
 
@@ -677,7 +676,7 @@ EXERCISES = {
             (ddp_script(**{"ddp = DDP(model)": "ddp = model"}), "wrap the model in DistributedDataParallel"),
             (ddp_script(**{"        optimizer.zero_grad()": "        pass"}), "call optimizer.zero_grad() every step"),
             (ddp_script(**{"torch.save(model.state_dict()": "torch.save(ddp.state_dict()"}), "ddp.module.state_dict()"),
-            (ddp_script(**{"import argparse": "import argparse\nfrom helpers import worker"}), "torch and the standard library"),
+            (ddp_script(**{"import argparse": "import argparse\nfrom helpers import toys"}), "torch and the standard library"),
             (ddp_script(**{"dist.barrier()": "raise RuntimeError('lost')"}), "RuntimeError: lost"),
         ],
         lambda v: v,
@@ -1040,7 +1039,6 @@ NOTEBOOK_STATE = {
     "comm_hooks": comm_hooks,
     "toys": toys,
     "bytecount": bytecount,
-    "worker": worker,
     "exercises": exercises,
     "sampling": sampling,
     "checkpoints": checkpoints,

@@ -131,7 +131,7 @@ def plan(tmp_path, **changes):
         steps=40,
         per_device_batch=4,
     )
-    return base.but(**changes)
+    return dataclasses.replace(base, **changes)
 
 
 def values_after(cli, flag):
@@ -163,12 +163,12 @@ def test_plan_cli_has_the_lesson_flags_and_the_offline_ones(tmp_path):
 
 def test_plan_ddp_keeps_the_global_batch_and_adds_ddp_flags(tmp_path):
     single = plan(tmp_path)
-    ddp = single.but(nproc=2, per_device_batch=2)
+    ddp = dataclasses.replace(single, nproc=2, per_device_batch=2)
     assert single.global_batch == ddp.global_batch == 4
     cli = ddp.cli()
     assert values_after(cli, "--ddp_backend") == ["gloo"]
     assert values_after(cli, "--ddp_find_unused_parameters") == ["false"]
-    gpu = ddp.but(device="cuda", gradient_checkpointing=True).cli()
+    gpu = dataclasses.replace(ddp, device="cuda", gradient_checkpointing=True).cli()
     assert values_after(gpu, "--ddp_backend") == ["nccl"]
     assert values_after(gpu, "--torch_dtype") == ["bfloat16"] and "--use_cpu" not in gpu
     # under DDP ms-swift 4.6 picks use_reentrant=False itself (notebook 12): the plan does not repeat it
@@ -178,7 +178,7 @@ def test_plan_ddp_keeps_the_global_batch_and_adds_ddp_flags(tmp_path):
 def test_plan_kwargs_are_typed_and_name_real_sft_arguments(tmp_path):
     from swift import SftArguments
 
-    kwargs = plan(tmp_path).but(nproc=2, per_device_batch=2).kwargs()
+    kwargs = dataclasses.replace(plan(tmp_path), nproc=2, per_device_batch=2).kwargs()
     assert kwargs["check_model"] is False and kwargs["use_cpu"] is True and kwargs["add_version"] is False
     assert kwargs["model_name"] == list(NAME) and kwargs["target_modules"] == ["all-linear"]
     assert kwargs["max_steps"] == 40 and isinstance(kwargs["learning_rate"], float)
@@ -577,11 +577,11 @@ def test_an_interrupted_general_build_leaves_nothing_that_looks_finished(tmp_pat
 def test_plan_env_pins_the_gpus_a_run_may_see(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert plan(tmp_path).env() == {}
-    assert plan(tmp_path).but(device="cuda").env() == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert plan(tmp_path).but(device="cuda", nproc=4, per_device_batch=1).env() == {
+    assert dataclasses.replace(plan(tmp_path), device="cuda").env() == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert dataclasses.replace(plan(tmp_path), device="cuda", nproc=4, per_device_batch=1).env() == {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3"
     }
-    assert plan(tmp_path).but(gpu=True).env() == {"CUDA_VISIBLE_DEVICES": "0"}  # the gpu shape on the CPU too
+    assert dataclasses.replace(plan(tmp_path), gpu=True).env() == {"CUDA_VISIBLE_DEVICES": "0"}  # the gpu shape on the CPU too
 
 
 GPU_MODEL = models.ModelInfo(name="Qwen2.5-7B-Instruct", path="Qwen/Qwen2.5-7B-Instruct", source="hub")
@@ -628,12 +628,12 @@ def test_gpu_counts_16_does_not_divide_take_the_nearest_global_batch_and_say_so(
 
 def test_a_plan_needs_steps_or_epochs(tmp_path):
     with pytest.raises(CourseError, match="needs steps"):
-        plan(tmp_path).but(steps=None).options()
-    assert values_after(plan(tmp_path).but(steps=None, epochs=2).cli(), "--num_train_epochs") == ["2"]
+        dataclasses.replace(plan(tmp_path), steps=None).options()
+    assert values_after(dataclasses.replace(plan(tmp_path), steps=None, epochs=2).cli(), "--num_train_epochs") == ["2"]
 
 
 def test_bf16_on_the_cpu_leaves_mixed_precision_to_swift(tmp_path):
-    cli = plan(tmp_path).but(dtype="bfloat16", gradient_checkpointing=True, system="Be brief.").cli()
+    cli = dataclasses.replace(plan(tmp_path), dtype="bfloat16", gradient_checkpointing=True, system="Be brief.").cli()
     assert values_after(cli, "--torch_dtype") == ["bfloat16"] and values_after(cli, "--use_cpu") == ["true"]
     assert "--bf16" not in cli and "--fp16" not in cli
     assert values_after(cli, "--system") == ["Be brief."]

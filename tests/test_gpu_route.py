@@ -2,6 +2,7 @@
 lesson runs on one GPU, hub models named by their id, memory let go, disk checked before a download, the
 Web-UI behind a notebook's proxy, the held-out check against what is trained on, and launch timeouts."""
 
+import dataclasses
 import shutil
 import sys
 import weakref
@@ -47,7 +48,7 @@ def test_every_launcher_passes_the_gpus_this_process_was_given(monkeypatch):
     assert launching.gpu_env(1, torchrun=True) == {"CUDA_VISIBLE_DEVICES": "4", "NPROC_PER_NODE": "1"}
     plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "4,5"}
-    assert plan.but(nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 09's one-process run
+    assert dataclasses.replace(plan, nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 09's one-process run
     assert sft.shell_command(plan).startswith("CUDA_VISIBLE_DEVICES=4,5 NPROC_PER_NODE=2 swift sft")
     shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", selfcog.SYSTEM, 96)  # 10's export and infer
     assert all(text.startswith("CUDA_VISIBLE_DEVICES=4 swift ") for text in shown.values())
@@ -227,7 +228,7 @@ def test_a_run_of_sft_main_in_its_own_process_gets_its_keywords_and_gpus(tmp_pat
         "           'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'seed': kwargs['seed']}, open(sys.argv[2], 'w'))\n"
     )
     plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
-    got = sft.sft_process(plan.but(nproc=1, seed=7).kwargs(), script, gpus=1, timeout=60)
+    got = sft.sft_process(dataclasses.replace(plan, nproc=1, seed=7).kwargs(), script, gpus=1, timeout=60)
     assert got["last_model_checkpoint"] == str(tmp_path / "v1") and got["seed"] == 7
     assert got["visible"] == "4" and got["pid"] != __import__("os").getpid()
 

@@ -8,6 +8,7 @@ import textwrap
 import threading
 import time
 
+import launched
 import pytest
 
 from conftest import processes_mentioning
@@ -17,7 +18,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, sys, time
     import torch.distributed as dist
-    from helpers.worker import exit_together, save_result
+    from launched import exit_together, save_result  # copied beside this script
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -37,6 +38,7 @@ SCRIPT = textwrap.dedent(
 def script(tmp_path, build):
     path = tmp_path / "job_under_test.py"
     path.write_text(SCRIPT)
+    launched.beside(path)
     yield path
     time.sleep(0.5)
     survivors = processes_mentioning(str(path))

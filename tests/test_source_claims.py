@@ -39,7 +39,9 @@ def test_swift_gives_each_rank_every_local_world_size_th_gpu_under_ddp_and_devic
 
     from helpers import devicemap
 
-    assert devicemap.SWIFT_GROUP_RULE in inspect.getsource(patcher)
+    rule = "list(range(local_rank, n_gpu, local_world_size))"
+    assert f"device_ids = {rule}" in inspect.getsource(patcher)
+    assert f"return {rule}" in inspect.getsource(devicemap.swift_devices)
 
 
 def test_ddp_bucket_capacity_first_iteration_rebuild_and_shape_check_as_04_says():

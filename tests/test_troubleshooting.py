@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 
+import launched
 import pytest
 
 from helpers import launching, troubleshooting
@@ -105,7 +106,8 @@ def test_grep_source_reads_the_installed_swift():
 
 def test_python_script_returns_the_saved_result(build, tmp_path):
     script = tmp_path / "hello.py"
-    script.write_text("from helpers.worker import save_result\nprint('hi')\nsave_result({'answer': 42})\n")
+    script.write_text("from launched import save_result\nprint('hi')\nsave_result({'answer': 42})\n")
+    launched.beside(script)
     result = troubleshooting.python_script(script, timeout=60, show=False)
     assert result.returncode == 0
     assert result.results == [{"answer": 42}]
@@ -115,9 +117,10 @@ def test_python_script_returns_the_saved_result(build, tmp_path):
 def test_prepared_scripts_run_side_by_side_each_with_its_own_result(build, tmp_path):
     script = tmp_path / "echo_arg.py"
     script.write_text(
-        "import sys, time\nfrom helpers.worker import save_result\n"
+        "import sys, time\nfrom launched import save_result\n"
         "start = time.time()\ntime.sleep(2)\nsave_result({'arg': sys.argv[1], 'span': [start, time.time()]})\n"
     )
+    launched.beside(script)
     runs = launching.run(
         *[troubleshooting.prepare_python(script, a, timeout=60) for a in ("off", "on")], show=False
     )
