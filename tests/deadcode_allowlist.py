@@ -23,6 +23,7 @@ USED_OUTSIDE_THE_COURSE = [
     _.num_batches_tracked,  # parallelism: a BatchNorm buffer, counted as nn.BatchNorm1d counts it
     _.auto_config_cls,  # troubleshooting: set on SWIFT's DeepseekVLLoader, which its get_config reads
     _.local_repo_path,  # troubleshooting: set on SWIFT's DeepseekVLLoader, which its get_config reads
+    _.__qualname__,  # set on a function that stands in for another: Python's reprs and tracebacks read it
     # course/
     _.CourseAuthenticator,  # hub: named in the jupyterhub_config.py that course.hub writes
     _.CourseSpawner,  # hub: named in the jupyterhub_config.py that course.hub writes
