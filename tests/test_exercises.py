@@ -171,6 +171,86 @@ def ring_both_ways(tensor):
     return ring_all_reduce(tensor)
 
 
+def ring_blocking_by_parity(tensor):
+    """Blocking dist.send and dist.recv only: even ranks send first, odd ranks receive first."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(tensor.clone().view(world, -1))
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for step in range(2 * (world - 1)):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv])
+        if rank % 2 == 0:
+            dist.send(chunks[send], right)
+            dist.recv(incoming, left)
+        else:
+            dist.recv(incoming, left)
+            dist.send(chunks[send], right)
+        chunks[recv] = chunks[recv] + incoming if step < world - 1 else incoming
+    return torch.cat(chunks)
+
+
+def ring_isend_irecv(tensor):
+    """isend and irecv, waited for together; rank r ends the reduce-scatter owning chunk r."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = tensor.numel() // world
+    out = tensor.clone()
+    for step in range(2 * (world - 1)):
+        send = (rank - step - 1) % world
+        recv = (send - 1) % world
+        incoming = torch.empty(n, dtype=tensor.dtype)
+        works = [dist.isend(out[send * n : (send + 1) * n].clone(), (rank + 1) % world),
+                 dist.irecv(incoming, (rank - 1) % world)]  # fmt: skip
+        for work in works:
+            work.wait()
+        if step < world - 1:
+            out[recv * n : (recv + 1) * n] += incoming
+        else:
+            out[recv * n : (recv + 1) * n] = incoming
+    return out
+
+
+def ring_all_gather_off_by_one(tensor):
+    """The all-gather starts from the chunk the reduce-scatter started from, not the one it finished."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(world - 1):
+            send = (rank - step) % world
+            recv = (send - 1) % world
+            incoming = torch.empty_like(chunks[recv])
+            work = dist.isend(chunks[send], (rank + 1) % world)
+            dist.recv(incoming, (rank - 1) % world)
+            work.wait()
+            chunks[recv] = chunks[recv] + incoming if phase == "reduce-scatter" else incoming
+    return torch.cat(chunks)
+
+
+def ring_receive_first(tensor):
+    """Every rank waits in the blocking dist.recv before it sends: a deadlock."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv])
+        dist.recv(incoming, (rank - 1) % world)
+        dist.send(chunks[send], (rank + 1) % world)
+        chunks[recv] += incoming
+    return torch.cat(chunks)
+
+
+def ring_send_first(tensor):
+    """Every rank sends with the blocking dist.send before it receives: a deadlock."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    chunks = [c.clone() for c in tensor.chunk(world)]
+    for step in range(world - 1):
+        send, recv = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv])
+        dist.send(chunks[send], (rank + 1) % world)
+        dist.recv(incoming, (rank - 1) % world)
+        chunks[recv] += incoming
+    return torch.cat(chunks)
+
+
 class TinyDDP(torch.nn.Module):
     """The solution: hooks fill buckets, bucket i all-reduced after 0..i-1, no_sync read at forward, a callback."""
 
@@ -590,11 +670,14 @@ EXERCISES = {
     "03.3": Exercise(
         ring_all_reduce,
         [
-            (ring_by_gathering, "without dist.all_gather"),
+            (ring_by_gathering, "rank 0 called dist.all_gather: a ring is built from sends"),
             (ring_everyone_to_everyone, "a ring sends 2(n - 1)"),
-            (ring_short_by_one, "got"),
+            (ring_short_by_one, "a ring sends 2(n - 1)"),
             (ring_in_place, "leave the input"),
             (ring_both_ways, "rank 0 sent"),
+            (ring_send_first, "gloo's send returns only once"),
+            (ring_receive_first, "'s dist.recv from rank"),
+            (ring_all_gather_off_by_one, "off by one"),
         ],
         lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
         bad_values=(math.nan, math.inf, "1.5", None),
@@ -875,6 +958,12 @@ FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
 ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 
+# Right answers written another way than the solution: each must pass as well.
+ALSO_RIGHT = {
+    "03.3": [ring_blocking_by_parity, ring_isend_irecv],
+}
+
+
 def verdict(capsys, exercise, answer):
     ok = check(exercise, answer)
     return bool(ok), capsys.readouterr().out
@@ -918,6 +1007,23 @@ def test_nan_infinities_strings_none_bools_and_exceptions_never_pass(name, capsy
         ok, out = verdict(capsys, name, _raises)
         assert not ok and "ValueError: boom" in out, (name, out)  # "raised" here, "rank r failed" on ranks
         assert out.count("\n") == 1, out  # one line, naming the call that raised
+
+
+@pytest.mark.parametrize(
+    "name, i", [(name, i) for name, answers in sorted(ALSO_RIGHT.items()) for i in range(len(answers))]
+)
+def test_right_answers_written_another_way_pass(name, i, capsys):
+    ok, out = verdict(capsys, name, ALSO_RIGHT[name][i])
+    assert ok and "✅ correct" in out, (name, i, out)
+
+
+def test_a_deadlocked_ring_is_named_within_seconds(capsys):
+    import time
+
+    start = time.monotonic()
+    ok, out = verdict(capsys, "03.3", ring_send_first)
+    assert not ok and "dist.send to rank" in out and "gloo's send returns only once" in out, out
+    assert time.monotonic() - start < 20, out
 
 
 def test_dtype_tolerant(capsys):

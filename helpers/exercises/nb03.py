@@ -7,6 +7,7 @@ import random
 from helpers.bucketing import MiB
 from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, number, on_ranks
+from helpers.exercises.watch import forbid
 
 
 def _forbidden(name: str, instead: str):
@@ -110,36 +111,88 @@ def _ring_time(fn):
 
 
 RING_FORBIDDEN = ("all_reduce", "all_gather", "reduce_scatter", "all_gather_into_tensor", "reduce_scatter_tensor",
-                  "reduce", "broadcast", "gather", "scatter", "all_to_all", "all_to_all_single")  # fmt: skip
+                  "all_gather_single", "reduce_scatter_single", "reduce", "broadcast", "gather", "scatter",
+                  "all_to_all", "all_to_all_single")  # fmt: skip
+P2P_WAIT_S = 5.0  # a ring's step waits milliseconds for its neighbour; this long means no neighbour is coming
 
 
-def _counting_sends(log: list):
-    """Replace dist.send and dist.isend (in this forked rank only) by versions that log (peer, elements)."""
-    import torch.distributed as dist
+class _WatchedWork:
+    """A send's or a receive's work, whose ``wait()`` gives up after :data:`P2P_WAIT_S` naming what it waited for."""
+
+    def __init__(self, work, said: str, why: str):
+        self._work, self._said, self._why = work, said, why
+
+    def wait(self, timeout=None):
+        return _wait(self._work, self._said, self._why)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _wait(work, said: str, why: str):
+    """``work.wait()``, or :class:`Wrong` (``said``, then ``why``) when nothing has matched it after P2P_WAIT_S."""
+    from datetime import timedelta
+
+    try:
+        return work.wait(timedelta(seconds=P2P_WAIT_S))
+    except RuntimeError as error:
+        if "Timed out" not in str(error):
+            raise  # e.g. the neighbour has gone: its own report says why
+        raise Wrong(f"{said} waited {P2P_WAIT_S:g} s and nothing matched it: {why}") from None
+
+
+def _watch_ring(sent: list, rank: int, world: int):
+    """In this forked rank: note every send the learner makes, once (``dist.send`` posts an ``isend``), as
+    (peer, numbers sent), and let no send or receive wait for a neighbour that never comes (a deadlock)."""
     import torch.distributed.distributed_c10d as c10d
 
-    for name in ("send", "isend"):
-        real = getattr(c10d, name)
+    from helpers.exercises.watch import peer, watch
 
-        def counted(tensor, dst=None, group=None, tag=0, group_dst=None, _real=real):
-            log.append((dst if dst is not None else group_dst, tensor.numel()))
-            return _real(tensor, dst, group, tag, group_dst=group_dst)
+    post = {"send": c10d.isend, "recv": c10d.irecv, "isend": c10d.isend, "irecv": c10d.irecv}
+    send_first = (
+        "gloo's send returns only once the receiver has posted its recv, so when every rank sends first no rank "
+        "ever reaches its recv. Post the send with dist.isend (or pair it with its receive in "
+        "dist.batch_isend_irecv), then recv, then wait for the send."
+    )
+    receive_first = (
+        "a rank that waits for its receive before posting its own send holds up its neighbour, and so on round "
+        "the ring. Post the send with dist.isend first, and check that each rank receives from the neighbour "
+        "that sends to it."
+    )
 
-        setattr(c10d, name, counted)  # batch_isend_irecv and P2POp compare with c10d's own isend
-        setattr(dist, name, counted)
+    def note(name, arguments):
+        if name in ("send", "isend"):
+            sent.append((peer(arguments, "dst"), arguments["tensor"].numel()))
+
+    def instead(real, name, arguments):
+        sending = name in ("send", "isend")
+        other = peer(arguments, "dst" if sending else "src")
+        arguments = {k: v for k, v in arguments.items() if k in ("tensor", "group", "tag")} | {
+            ("dst" if sending else "src"): other
+        }
+        work = post[name](**arguments)
+        said = f"with {world} ranks, rank {rank}'s dist.{name} {'to' if sending else 'from'} rank {other}"
+        why = send_first if sending else receive_first
+        if name in ("send", "recv"):
+            _wait(work, said, why)
+            return None if sending else other
+        return _WatchedWork(work, f"{said}, then .wait(),", why)
+
+    watch(("send", "isend", "recv", "irecv"), note, instead)
 
 
 @checker("03.3")
 def _ring_all_reduce(fn):
     """A function (tensor) -> the sum of every rank's ``tensor``, as a ring of sends and receives."""
     import torch
-    import torch.distributed as dist
 
     def rank_part(rank, world):
-        for name in RING_FORBIDDEN:
-            setattr(dist, name, _forbidden(name, "sends and receives between neighbours"))
+        forbid(RING_FORBIDDEN, lambda name: (
+            f"rank {rank} called dist.{name}: a ring is built from sends and receives between neighbours only "
+            "(send, recv, isend, irecv, batch_isend_irecv)."
+        ))  # fmt: skip
         sent, got = [], {}
-        _counting_sends(sent)
+        _watch_ring(sent, rank, world)
         for length in (world, 3 * world, 10 * world):
             mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
             before = mine.clone()
@@ -162,35 +215,54 @@ def _ring_all_reduce(fn):
         except CourseError as error:
             return False, str(error)
         for length in (world, 3 * world, 10 * world):
-            want = sum(
-                torch.arange(length, dtype=torch.float64) * (r + 1) + 0.5 * r for r in range(world)
-            ).tolist()
             for rank, got in enumerate(per_rank):
-                values, untouched, sent = got[length]
-                if not close(values, want, rel=1e-12):
-                    return (
-                        False,
-                        f"with {world} ranks and {length} numbers each, rank {rank} got {values}, not {want}.",
-                    )
-                if not untouched:
-                    return (
-                        False,
-                        "return a new tensor and leave the input as it was (the caller may still need it).",
-                    )
-                peers = {peer for peer, _ in sent}
-                if len(peers) != 1 or not peers <= {(rank + 1) % world, (rank - 1) % world}:
-                    return False, (
-                        f"with {world} ranks, rank {rank} sent to ranks {sorted(peers, key=str)}; in a ring "
-                        "each rank sends to one neighbour only."
-                    )
-                chunk = length // world
-                if len(sent) != 2 * (world - 1) or any(n != chunk for _, n in sent):
-                    return False, (
-                        f"with {world} ranks and {length} numbers, rank {rank} sent {len(sent)} message{'s' * (len(sent) != 1)} of "
-                        f"{sorted({n for _, n in sent})} numbers; a ring sends 2(n - 1) = {2 * (world - 1)} "
-                        f"chunks of {chunk} (reduce-scatter, then all-gather)."
-                    )
+                wrong = _ring_mistake(world, length, rank, *got[length])
+                if wrong:
+                    return False, wrong
     return True, (
         "Every rank sent 2(n - 1) chunks of 1/n of the tensor to one neighbour: 2(n - 1)/n of the data, whatever "
         "the number of ranks. That is why NCCL's ring keeps its bus bandwidth as the world grows."
     )
+
+
+def _ring_input(rank: int, length: int, ranks=None) -> list[float]:
+    """What rank ``rank`` all-reduces in 03.3 (and 03.2); with ``ranks``, the sum of those ranks' inputs instead."""
+    return [sum(i * (r + 1) + 0.5 * r for r in ([rank] if ranks is None else ranks)) for i in range(length)]
+
+
+def _ring_mistake(world: int, length: int, rank: int, values, untouched: bool, sent: list) -> str | None:
+    """What is wrong with one rank's ring all-reduce of ``length`` numbers, in a sentence; None when nothing is."""
+    import itertools
+
+    said = f"with {world} ranks and {length} numbers each, rank {rank}"
+    if not untouched:
+        return "return a new tensor and leave the input as it was (the caller may still need it)."
+    peers, chunk = {peer for peer, _ in sent}, length // world
+    if not sent:
+        shape = f"{said} sent nothing; a ring sends 2(n - 1) = {2 * (world - 1)} chunks of {chunk} to a neighbour."
+    elif len(peers) != 1 or not peers <= {(rank + 1) % world, (rank - 1) % world}:
+        shape = f"with {world} ranks, rank {rank} sent to ranks {sorted(peers, key=str)}; in a ring each rank sends to one neighbour only."
+    elif len(sent) != 2 * (world - 1) or any(n != chunk for _, n in sent):
+        shape = (
+            f"{said} sent {len(sent)} message{'s' * (len(sent) != 1)} of {sorted({n for _, n in sent})} numbers; "
+            f"a ring sends 2(n - 1) = {2 * (world - 1)} chunks of {chunk} (reduce-scatter, then all-gather)."
+        )
+    else:
+        shape = None
+    want = _ring_input(0, length, range(world))
+    if close(values, want, rel=1e-12):
+        return shape
+    if shape:  # the wrong sum comes from the wrong messages: say which
+        return shape
+    pieces = range(world) if len(values) == length else ()
+    for c in pieces:  # the right messages, a wrong sum: which chunk holds which ranks' numbers
+        part = slice(c * chunk, (c + 1) * chunk)
+        for size in range(1, world):
+            for ranks in itertools.combinations(range(world), size):
+                if close(values[part], _ring_input(0, length, ranks)[part], rel=1e-12):
+                    return (
+                        f"{said} ends with chunk {c} summed over {size} of the {world} ranks: a chunk index is off by one. "
+                        "After the n - 1 reduce-scatter steps each rank holds one chunk summed over every rank, and "
+                        "the all-gather starts by passing that chunk on."
+                    )
+    return f"{said} got {values}, not {want}."
