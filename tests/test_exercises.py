@@ -94,6 +94,42 @@ def in_two(tensor):
     return torch.cat(pieces)
 
 
+def in_two_into_tensors(tensor):
+    """reduce_scatter_single and all_gather_single: one flat tensor in, one flat tensor out."""
+    world = dist.get_world_size()
+    mine = torch.empty(tensor.numel() // world, dtype=tensor.dtype)
+    dist.reduce_scatter_single(mine, tensor)
+    out = torch.empty_like(tensor)
+    dist.all_gather_single(out, mine)
+    return out
+
+
+def in_two_async(tensor):
+    """The list forms, started asynchronously and waited for; the pieces as rows of a view."""
+    world = dist.get_world_size()
+    rows = tensor.view(world, -1)
+    mine = torch.zeros_like(rows[0])
+    dist.reduce_scatter(mine, list(rows.unbind()), async_op=True).wait()
+    out = torch.empty_like(rows)
+    dist.all_gather(list(out.unbind()), mine, async_op=True).wait()
+    return out.flatten()
+
+
+def in_two_by_gathering_everything(tensor):
+    """Everyone's whole tensor to everyone, summed locally: n times the data of a reduce-scatter."""
+    everything = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(everything, tensor)
+    return torch.stack(everything).sum(0)
+
+
+def in_two_by_reduce_and_broadcast(tensor):
+    """The sum on rank 0, then sent from rank 0 to everyone."""
+    out = tensor.clone()
+    dist.reduce(out, dst=0)
+    dist.broadcast(out, src=0)
+    return out
+
+
 def average_hook(state, bucket):
     averaged = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(averaged, async_op=True).get_future().then(lambda fut: fut.value()[0])
@@ -638,14 +674,16 @@ EXERCISES = {
     "03.2": Exercise(
         in_two,
         [
-            (lambda t: t * dist.get_world_size(), "rank 0 got"),
+            (lambda t: t * dist.get_world_size(), "called no collective"),
             (lambda t: in_two(t).copy_(t) if False else t.copy_(in_two(t)), "leave the input"),
-            (lambda t: (lambda o: (dist.all_reduce(o), o)[1])(t.clone()), "without dist.all_reduce"),
+            (lambda t: (lambda o: (dist.all_reduce(o), o)[1])(t.clone()), "called dist.all_reduce"),
+            (in_two_by_gathering_everything, "all-gathered the whole tensor"),
+            (in_two_by_reduce_and_broadcast, "called dist.reduce"),
             (
                 lambda t: (lambda m: (dist.reduce_scatter(m, list(t.chunk(dist.get_world_size()))), m)[1])(
                     torch.empty(t.numel() // dist.get_world_size(), dtype=t.dtype)
                 ),
-                "rank 0 got",
+                "1 reduce-scatter(s) and 0 all-gather(s)",
             ),
         ],
         lambda v: (lambda t: t * v) if isinstance(v, float) else returns(v),
@@ -960,6 +998,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],
 }
 

@@ -9,26 +9,71 @@ from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, number, on_ranks
 from helpers.exercises.watch import forbid
 
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+ALL_GATHERS = ("all_gather", "all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+OTHER_ROUTES = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "gather", "scatter", "all_to_all",
+                "all_to_all_single", "all_gather_coalesced", "all_gather_object", "gather_object",
+                "broadcast_object_list", "scatter_object_list", "send", "recv", "isend", "irecv",
+                "batch_isend_irecv", "send_object_list", "recv_object_list")  # fmt: skip
 
-def _forbidden(name: str, instead: str):
-    def refuse(*args, **kwargs):
-        raise CourseError(f"this exercise is built from {instead}, without dist.{name}")
 
-    return refuse
+def _piece(name: str, arguments: dict) -> int:
+    """The numbers one rank contributes to an all-gather, or keeps from a reduce-scatter."""
+    if name == "all_gather":
+        return arguments["tensor"].numel()
+    if name in ALL_GATHERS:
+        return arguments["input_tensor"].numel()
+    return arguments["output"].numel()
+
+
+def _in_two_mistake(world: int, length: int, rank: int, calls: list) -> str | None:
+    """What is wrong with the collectives one rank called for ``length`` numbers; None when they are one
+    reduce-scatter to pieces of length / world and one all-gather of them."""
+    said, piece = f"with {world} ranks and {length} numbers each, rank {rank}", length // world
+    scattered = [n for name, n in calls if name in REDUCE_SCATTERS]
+    gathered = [n for name, n in calls if name in ALL_GATHERS]
+    if not calls:
+        return (
+            f"{said} called no collective: the other ranks' numbers reach it only through one (a reduce-scatter, "
+            "then an all-gather)."
+        )
+    if not scattered and length in gathered:
+        return (
+            f"{said} all-gathered the whole tensor and summed the {world} copies itself: every rank receives n "
+            "whole tensors, n times the data. Reduce-scatter first, so that each rank sums one piece of 1/n, then "
+            "all-gather the summed pieces."
+        )
+    if len(scattered) != 1 or len(gathered) != 1:
+        return (
+            f"{said} called {len(scattered)} reduce-scatter(s) and {len(gathered)} all-gather(s); the sum is built from "
+            "one of each: a reduce-scatter leaves each rank one summed piece, an all-gather hands every piece to everyone."
+        )
+    if scattered != [piece] or gathered != [piece]:
+        return (
+            f"{said} reduce-scattered to a piece of {scattered[0]} and all-gathered a piece of {gathered[0]} numbers; "
+            f"each rank's piece is 1/n of the tensor, {piece} numbers."
+        )
+    return None
 
 
 @checker("03.2")
 def _all_reduce_in_two(fn):
     """A function (tensor) -> the sum of every rank's ``tensor``, made of a reduce-scatter and an all-gather."""
     import torch
-    import torch.distributed as dist
+
+    from helpers.exercises.watch import watch
 
     def rank_part(rank, world):
-        dist.all_reduce = _forbidden("all_reduce", "a reduce-scatter and an all-gather")  # this child only
-        got = {}
+        forbid(OTHER_ROUTES, lambda name: (
+            f"rank {rank} called dist.{name}: build the sum from one dist.reduce_scatter and one dist.all_gather "
+            "(section 2), and no other collective."
+        ))  # fmt: skip
+        calls, got = [], {}
+        watch(REDUCE_SCATTERS + ALL_GATHERS, lambda name, arguments: calls.append((name, _piece(name, arguments))))
         for length in (world, 4 * world, 12 * world):
             mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
             before = mine.clone()
+            calls.clear()
             out = fn(mine)
             if out is None:
                 raise NotAnswered(
@@ -38,7 +83,7 @@ def _all_reduce_in_two(fn):
                 raise Wrong(
                     f"on rank {rank} of {world}, all_reduce_in_two returned {brief(out)}, not a tensor."
                 )
-            got[length] = (out.detach().double().tolist(), torch.equal(mine, before))
+            got[length] = (out.detach().double().tolist(), torch.equal(mine, before), list(calls))
         return got
 
     for world in (2, 3):
@@ -47,11 +92,12 @@ def _all_reduce_in_two(fn):
         except CourseError as error:
             return False, str(error)
         for length in (world, 4 * world, 12 * world):
-            want = sum(
-                torch.arange(length, dtype=torch.float64) * (r + 1) + 0.5 * r for r in range(world)
-            ).tolist()
+            want = _ring_input(0, length, range(world))
             for rank, got in enumerate(per_rank):
-                values, untouched = got[length]
+                values, untouched, calls = got[length]
+                wrong = _in_two_mistake(world, length, rank, calls)
+                if wrong:
+                    return False, wrong
                 if not close(values, want, rel=1e-12):
                     return (
                         False,
