@@ -135,6 +135,37 @@ def average_hook(state, bucket):
     return dist.all_reduce(averaged, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
+def average_hook_after(state, bucket):
+    """Sums first, divides the sum in the callback."""
+    world = dist.get_world_size()
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0] / world)
+
+
+def average_hook_in_buffer(state, bucket):
+    """Waits on nothing, divides in place and hands back the bucket's own buffer."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / dist.get_world_size())
+    work = dist.all_reduce(buffer, async_op=True)
+
+    def done(fut):
+        fut.wait()
+        return buffer
+
+    return work.get_future().then(done)
+
+
+def average_hook_for_two(state, bucket):
+    """Divides by 2, the number of ranks it was tried on."""
+    return dist.all_reduce(bucket.buffer().div_(2), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def average_hook_twice(state, bucket):
+    """Divides by the world size before the all-reduce and again after it."""
+    world = dist.get_world_size()
+    future = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0] / world)
+
+
 def hook_returning(value):
     def hook(state, bucket):
         future = torch.futures.Future()
@@ -701,6 +732,8 @@ EXERCISES = {
             (lambda s, b: hook_returning(1 / dist.get_world_size())(s, b), "average, do not just add"),
             (lambda s, b: b.buffer(), "torch.futures.Future"),
             (lambda s, b: dist.all_reduce(b.buffer().div_(2), async_op=True).get_future(), "failed"),
+            (average_hook_for_two, "right on 2 ranks but not on 3"),
+            (average_hook_twice, "divided twice"),
         ],
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
@@ -998,6 +1031,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],
 }

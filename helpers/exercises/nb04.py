@@ -46,16 +46,39 @@ def _averaging_hook(fn):
             grads[name] = [p.grad.clone() for p in net.parameters()]
         if unanswered:
             raise NotAnswered("average_hook returned None (is a `return` missing?); DDP needs a Future.")
-        return max(float((a - b).abs().max()) for a, b in zip(grads["theirs"], grads["yours"], strict=True))
+        theirs = torch.cat([g.flatten() for g in grads["theirs"]]).double()
+        yours_ = torch.cat([g.flatten() for g in grads["yours"]]).double()
+        gap = float((theirs - yours_).abs().max())
+        return gap, float(yours_ @ theirs / (theirs @ theirs))  # the gap, and yours as a multiple of theirs
 
-    try:
-        gaps = on_ranks(rank_part, 2, timeout=30)
-    except CourseError as error:
-        return False, str(error)
-    if not all(gap <= 1e-6 for gap in gaps):  # a NaN gap fails too
+    for world in (2, 3):
+        try:
+            results = on_ranks(rank_part, world, timeout=30)
+        except CourseError as error:
+            return False, str(error)
+        gaps = [gap for gap, _ in results]
+        if all(gap <= 1e-6 for gap in gaps):  # a NaN gap fails
+            continue
+        largest = max(gaps, key=lambda g: g if g == g else math.inf)
+        ratio = results[0][1]
+        said = f"with {world} ranks the gradients differ from DDP's own by up to {largest!r}"
+        if world > 2:  # right on 2 ranks
+            return False, (
+                f"{said}: your hook is right on 2 ranks but not on {world} ({ratio:.3g} times DDP's gradients). "
+                "Divide by dist.get_world_size(), not by a fixed number of ranks."
+            )
+        if close(ratio, world, rel=1e-3):
+            return False, (
+                f"{said}, {world} times theirs: average, do not just add (divide by dist.get_world_size())."
+            )
+        if close(ratio, 1 / world, rel=1e-3):
+            return False, (
+                f"{said}, 1/{world} of theirs: the bucket was divided twice, before and after the all-reduce. "
+                "Divide once by dist.get_world_size()."
+            )
         return False, (
-            f"the gradients differ from DDP's own by up to {max(gaps, key=lambda g: g if g == g else math.inf)!r}: average, do not just add "
-            "(divide by dist.get_world_size()), and return the future of the all-reduce."
+            f"{said}: average, do not just add (divide by dist.get_world_size()), and return the future of the "
+            "all-reduce."
         )
     return True, (
         "A comm hook gets each bucket as one flat tensor and returns a future of the averaged bucket; "
