@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from course import runner
+from course import gpu_check
 from helpers import devicemap, devices, launching, paths, profiles
 
 PROBE = """
@@ -43,7 +43,7 @@ def pretend_env(card: str | None, **extra) -> dict:
     """This process's environment as gpu-check's pretend mode gives it (without the card: as it is)."""
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", devices.PRETEND_ENV, "DS_ACCELERATOR")}
     if card:
-        env.update({devices.PRETEND_ENV: card, "PYTHONPATH": os.pathsep.join([str(runner.PRETEND_SITE), str(paths.ROOT)])})
+        env.update({devices.PRETEND_ENV: card, "PYTHONPATH": os.pathsep.join([str(gpu_check.PRETEND_SITE), str(paths.ROOT)])})
     return {**env, **extra}
 
 

@@ -1,9 +1,11 @@
-"""`make gpu-check SHAPE_ON_CPU=1 NPROC=1 PRETEND=rtx3090` and `NPROC=2 PRETEND=h100`: exactly what `make
-gpu-check` runs on one GPU and on two (the notebooks of runner.GPU_CHECK, their parameters, the printed commands),
-in the gpu shape on the CPU, with torch believing those cards are there: COURSE_GPU_SHAPE_ON_CPU=1 takes every
-gpu value of every pick and the seed's recipe (bf16, gradient checkpointing, the system prompt) on the tiny
-Qwen2, with gloo for nccl and no CUDA. Nothing is picked by
-hand: a notebook that joins GPU_CHECK joins these runs.
+"""`make gpu-check SHAPE_ON_CPU=1 NPROC=2 PRETEND=h100` and `NPROC=1 PRETEND=rtx3090 ONLY="09 11 12"`: exactly
+what `make gpu-check` runs on two GPUs and on one (the steps of gpu_check's plan: notebooks, parameters, the
+printed commands), in the gpu shape on the CPU, with torch believing those cards are there:
+COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the seed's recipe (bf16, gradient
+checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. The 2-process run holds
+every notebook of GPU_CHECK; the 1-process run the notebooks whose gpu path on one GPU is not their path on two
+(gpu_check.ONE_GPU_PATHS, which tests/test_gpu_check.py holds to the notebooks' code): no notebook runs more
+often than that.
 
 What a notebook did is read from what it recorded (``report.record``, which the runner collects into the
 run's report.json), from the commands its launches ran (each recorded as ``Launch.command``) and from the
@@ -19,18 +21,20 @@ import nbformat
 import pytest
 import swift_cli
 
-from course import runner
+from course import gpu_check
 from helpers import lora, paths, selfcog, swiftcli
 
 # the card torch believes in, in the kernel and in every process meant for the CPU (course/pretend/): any of
 # those that touches CUDA fails the run at once, with the stack that did
 PRETEND = {1: "rtx3090", 2: "h100"}
+# the notebooks each shape runs: on one GPU only those whose path there differs from two GPUs'
+NOTEBOOKS = {1: list(gpu_check.ONE_GPU_PATHS), 2: sorted(gpu_check.GPU_CHECK)}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-process", "2-process"])
 def shape(request):
     """One run of the make target, as a person types it, into a build folder of this test session's own;
-    its folder, its output and the script it printed."""
+    its folder, its output, the text DRY=1 printed and the notebooks it ran."""
     import shutil
 
     nproc = request.param
@@ -38,11 +42,21 @@ def shape(request):
     shutil.rmtree(build, ignore_errors=True)
     env = {**os.environ, "COURSE_BUILD_DIR": str(build)}
     target = ["make", "--no-print-directory", "gpu-check", "SHAPE_ON_CPU=1", f"NPROC={nproc}", f"PRETEND={PRETEND[nproc]}"]
+    if NOTEBOOKS[nproc] != sorted(gpu_check.GPU_CHECK):
+        target.append(f"ONLY={' '.join(NOTEBOOKS[nproc])}")
     done = subprocess.run(target, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=2400)
     dry = subprocess.run([*target, "DRY=1"], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     return {"nproc": nproc, "build": build, "folder": build / "gpu-check", "out": done.stdout, "dry": dry.stdout,
-            "pretend": PRETEND[nproc]}  # fmt: skip
+            "pretend": PRETEND[nproc], "notebooks": NOTEBOOKS[nproc]}  # fmt: skip
+
+
+def ran(shape, *numbers: str) -> list[str]:
+    """Those of ``numbers`` this shape runs; a test of notebooks it does not run is skipped, saying why."""
+    found = [number for number in numbers if number in shape["notebooks"]]
+    if not found:
+        pytest.skip(f"the {shape['nproc']}-process shape runs {' '.join(shape['notebooks'])} only")
+    return found
 
 
 def metrics(shape, number: str) -> dict:
@@ -62,39 +76,39 @@ def environment_of(command: str) -> dict[str, str]:
 def test_every_notebook_of_gpu_check_passes(shape):
     report = json.loads((shape["folder"] / "report.json").read_text())
     assert report["profile"] == "gpu"
-    assert [(n["name"][:2], n["status"]) for n in report["notebooks"]] == [(k, "passed") for k in sorted(runner.GPU_CHECK)]
+    assert [(n["name"][:2], n["status"]) for n in report["notebooks"]] == [(k, "passed") for k in shape["notebooks"]]
 
 
-def test_the_run_executed_the_text_dry_prints(shape):
-    """The script at the top of the run is DRY=1's, and each notebook got the parameters its line gives."""
-    with runner.environment({"COURSE_BUILD_DIR": str(shape["build"])}):
-        script = runner.gpu_check_script(shape["nproc"], shape_on_cpu=True, pretend=shape["pretend"])
-    assert script in shape["dry"] and script in shape["out"]
-    _, calls = runner.read_script(script)
-    for call in calls:
-        nb = nbformat.read(paths.ROOT / call["output_path"], as_version=4)
-        assert nb.metadata["papermill"]["parameters"] == call["parameters"]
+def test_the_run_executed_the_steps_dry_prints(shape):
+    """The text at the top of the run is DRY=1's, and each notebook ran as its step says (papermill's record:
+    input, output, parameters; the kernel)."""
+    with gpu_check.environment({"COURSE_BUILD_DIR": str(shape["build"])}):
+        plan = gpu_check.plan(shape["nproc"], shape_on_cpu=True, pretend=shape["pretend"], only=shape["notebooks"])
+    assert plan.text() in shape["dry"] and plan.text() in shape["out"]
+    assert [step.notebook.name[:2] for step in plan.steps] == shape["notebooks"]
+    for step in plan.steps:
+        executed = nbformat.read(step.out, as_version=4).metadata
+        record = executed["papermill"]
+        assert (record["input_path"], record["output_path"]) == (str(step.notebook), str(step.out))
+        assert record["parameters"] == step.parameters and executed["kernelspec"]["name"] == step.kernel
 
 
-def test_lessons_of_ranks_run_two_ranks_on_one_gpu(shape):
+def test_lessons_of_ranks_run_two_ranks_on_the_cpu_whatever_the_gpus(shape):
     """03-06 teach a mechanism: their ranks run on the CPU over gloo on every machine, two of them, whatever
     the GPUs (profiles.ranks_on_cpu)."""
-    for number in ("03", "04", "05", "06"):
+    for number in ran(shape, "03", "04", "05", "06"):
         assert metrics(shape, number)["lesson_ranks"] == {"profile": "cpu", "backend": "gloo", "nproc": 2}, number
 
 
 def test_lessons_of_ranks_run_their_script_once_more_on_two_gpus_or_more(shape):
     """Each of 03-06 has one GPU cell: with 2 GPUs it ran the lesson's script on them (one rank per GPU, gloo
-    in the gpu shape where a GPU machine has nccl) and recorded its numbers as gpu_*; one GPU holds one nccl
-    rank, so with one it recorded none."""
-    for number in ("03", "04", "05", "06"):
+    in the gpu shape where a GPU machine has nccl) and recorded its numbers as gpu_*. With one GPU the cell
+    only says so (one GPU holds one nccl rank): profiles.on_gpus and no_gpu_run, tests/test_profiles.py."""
+    for number in ran(shape, "03", "04", "05", "06"):
         got = metrics(shape, number)
         numbers = {name: value for name, value in got.items() if name.startswith("gpu_") and name != "gpu_ranks"}
-        if shape["nproc"] == 1:
-            assert "gpu_ranks" not in got and not numbers, (number, sorted(numbers))
-        else:
-            assert got["gpu_ranks"] == {"profile": "gpu", "backend": "gloo", "nproc": 2}, number
-            assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers.values()), (number, numbers)
+        assert got["gpu_ranks"] == {"profile": "gpu", "backend": "gloo", "nproc": 2}, number
+        assert numbers and all(isinstance(v, (int, float)) and v > 0 for v in numbers.values()), (number, numbers)
 
 
 def test_09_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
@@ -108,7 +122,7 @@ def test_09_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
     assert (args["torch_dtype"], args["use_cpu"], args["gradient_checkpointing"]) == ("bfloat16", True, True)
     assert (args["max_length"], args["learning_rate"], args["system"]) == (2048, 1e-4, selfcog.SYSTEM)
     assert args["gradient_checkpointing_kwargs"] is None  # SWIFT picks non-reentrant under DDP itself
-    assert args["max_steps"] == runner.GPU_CHECK["09"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
+    assert args["max_steps"] == gpu_check.GPU_CHECK["09"]["STEPS"]  # one process: as STEPS, at most 10 on N GPUs
     if shape["nproc"] > 1:
         ddp = got["sft_ddp_command"]
         env = environment_of(ddp)
@@ -126,7 +140,7 @@ def test_09_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
     from swift import SftArguments
 
     runs = sorted(glob.glob(str(shape["folder"] / "sft-from-python" / "*" / "kwargs.json")))
-    assert len(runs) == 2 * len(runner.GPU_CHECK["09"]["SEEDS"])
+    assert len(runs) == 2 * len(gpu_check.GPU_CHECK["09"]["SEEDS"])
     # sft.sft_process wrote each kwargs.json; the process it started (sft_from_python.py) wrote result.json
     assert all(os.path.isfile(os.path.join(os.path.dirname(p), "result.json")) for p in runs)
 
@@ -144,7 +158,8 @@ def test_09_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
 def test_10_merges_and_answers_on_one_gpu_in_the_training_dtype(shape):
     from swift.arguments import ExportArguments, InferArguments
 
-    got = metrics(shape, "10")
+    [ten] = ran(shape, "10")
+    got = metrics(shape, ten)
     for name, kind in (("export_command", ExportArguments), ("infer_command", InferArguments)):
         env = environment_of(got[name])  # the command the launch ran
         assert env["CUDA_VISIBLE_DEVICES"] == "0" and "NPROC_PER_NODE" not in env, name
@@ -172,12 +187,12 @@ def test_11_and_12_run_the_commands_they_show(shape):
     nine = metrics(shape, "12")
     got = swift_cli.parse(nine["base_default_template_command"], SftArguments)
     assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16")
-    assert len(nine["base_model_default_template_losses"]) == runner.GPU_CHECK["12"]["SWIFT_STEPS"]  # steps logged
+    assert len(nine["base_model_default_template_losses"]) == gpu_check.GPU_CHECK["12"]["SWIFT_STEPS"]  # steps logged
 
 
 def test_every_gpu_notebook_ends_holding_no_model(shape):
     """Each records it after models.release(), which stops the notebook while a model is still referenced."""
-    for number in ("09", "10", "11", "12"):
+    for number in ran(shape, "09", "10", "11", "12"):
         assert metrics(shape, number).get("no_model_held_at_end") is True, number
 
 

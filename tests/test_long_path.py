@@ -82,7 +82,7 @@ def test_the_runner_passes_a_notebook_from_a_checkout_at_a_long_path(tmp_path):
     assert run["status"] == "passed", (run["error"], said)
     assert [m["name"] for m in run["metrics"]] == ["answer"]
     assert done.returncode == 0, said
-    assert (root / "build" / "html" / "01_long.html").is_file()
+    assert (root / "build" / "executed" / "01_long.ipynb").is_file()
     # what the lesson left running is named, though the interpreter's path alone fills 150 characters
     assert "01_long.ipynb: 1 process(es) it left running were stopped: " in done.stdout, said
     assert marker in done.stdout, said

@@ -39,14 +39,32 @@ def test_markdown_prints_the_plain_form_outside_jupyter(capsys):
 
 
 def test_the_run_report_keeps_a_note_with_a_pipe_in_its_cell(tmp_path):
-    from course import runner
+    from course import run_report
 
-    run = runner.NotebookRun(name="10_x", title="10 · x", status="passed", seconds=1.0)
+    run = run_report.NotebookRun(name="10_x", title="10 · x", status="passed", seconds=1.0)
     run.metrics = [{"name": "gap", "value": 0.5, "unit": "", "note": "|a - b| over\ntwo lines"}]
     context = {"profile": "smoke", "started": "now", "total_seconds": 1.0}
-    md, _ = runner.write_report(tmp_path, [run], context)
+    md, _ = run_report.write_report(tmp_path, [run], context)
     [row] = [line for line in md.read_text().splitlines() if line.startswith("| gap")]
     assert row == "| gap | 0.5 | \\|a - b\\| over two lines |"
+
+
+def test_the_whole_course_is_measured_against_its_budget_only_when_every_notebook_ran(tmp_path):
+    """Where every notebook of the course ran, the report gives their time against the course's budget, whether
+    or not each has a budget of its own; where some did not run, it says nothing of the whole course."""
+    from course import lessons, run_report
+
+    runs = [run_report.NotebookRun(name=nb.stem, title="", status="passed", seconds=10.0,
+                                   budget_seconds=lessons.BUDGETS.get(nb.name[:2], {}).get("cpu"))
+            for nb in lessons.course_notebooks()]  # fmt: skip
+    runs[-1].budget_seconds = None  # a notebook without a budget still counts in the whole course
+    context = {"profile": "cpu", "started": "now", "total_seconds": 2000.0}
+    md, _ = run_report.write_report(tmp_path, runs, context)
+    assert f"Whole course: 2000 s, OVER the {lessons.COURSE_BUDGET['cpu']} s budget." in md.read_text()
+    md, _ = run_report.write_report(tmp_path, runs[:-1], {**context, "total_seconds": 100.0})
+    assert "Whole course" not in md.read_text()
+    md, _ = run_report.write_report(tmp_path, runs, {**context, "profile": "smoke"})  # no budget for the course
+    assert "Whole course" not in md.read_text()
 
 
 class FakeAllocator:
