@@ -476,6 +476,50 @@ def fp16_hook(state, bucket, dtype=torch.float16, divide="first", cast_back=True
     return dist.all_reduce(compressed, async_op=True).get_future().then(back)
 
 
+def fp16_hook_half(state, bucket):
+    """The same steps as torch's, spelled with .half(), an in-place division and a named callback."""
+    buffer = bucket.buffer()
+    compressed = buffer.half()
+    compressed /= dist.get_world_size()
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return dist.all_reduce(compressed, async_op=True).get_future().then(decompress)
+
+
+def fp16_hook_new_tensor(state, bucket):
+    """Hands back a new float32 tensor rather than the bucket's own buffer."""
+    compressed = torch.div(bucket.buffer().to(torch.float16), dist.get_world_size())
+    work = dist.all_reduce(compressed, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0].to(bucket.buffer().dtype))
+
+
+def fp16_hook_for_two(state, bucket):
+    """Divides by 2, the number of ranks it was tried on."""
+    compressed = bucket.buffer().to(torch.float16).div_(2)
+    return dist.all_reduce(compressed, async_op=True).get_future().then(lambda f: bucket.buffer().copy_(f.value()[0]))
+
+
+def fp16_hook_blocking(state, bucket):
+    """A blocking all-reduce, then a Future that is already complete."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    dist.all_reduce(compressed)
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer().copy_(compressed))
+    return future
+
+
+def fp16_hook_waits(state, bucket):
+    """Starts the all-reduce asynchronously, then waits for it inside the hook."""
+    compressed = bucket.buffer().to(torch.float16).div_(dist.get_world_size())
+    dist.all_reduce(compressed, async_op=True).wait()
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer().copy_(compressed))
+    return future
+
+
 def checkpoint(
     path, model, optimizer, step=None, rank0=True, barrier=True, opt=True, keep_step=True, unwrap=True
 ):
@@ -801,10 +845,10 @@ EXERCISES = {
             (lambda s, b: fp16_hook(s, b, divide="after"), "passes 65504"),
             (lambda s, b: fp16_hook(s, b, dtype=torch.bfloat16), "bf16_compress_hook's"),
             (lambda s, b: fp16_hook(s, b, compress=False), "nothing was compressed"),
-            (
-                lambda s, b: fp16_hook(s, b, divide="in float32"),
-                "cast the bucket to float16, divide that copy",
-            ),
+            (lambda s, b: fp16_hook(s, b, divide="in float32"), "as accurate, but not torch's order"),
+            (fp16_hook_for_two, "bit for bit on 2 ranks but not on 3"),
+            (fp16_hook_blocking, "waited for its all-reduce"),
+            (fp16_hook_waits, "waited for its all-reduce"),
         ],
         hook_returning,
         bad_values=(math.nan, -math.inf, "1.5"),
@@ -1031,6 +1075,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "05.2": [fp16_hook_half, fp16_hook_new_tensor],
     "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],

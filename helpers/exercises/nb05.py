@@ -159,17 +159,26 @@ def _flat_grads(net):
 @checker("05.2")
 def _fp16_hook(fn):
     """A DDP comm hook (state, bucket) -> Future: float16 compression, bit for bit as torch's
-    ``default_hooks.fp16_compress_hook``, on an ordinary step and on one whose gradients come near 65504."""
+    ``default_hooks.fp16_compress_hook``, on an ordinary step and on one whose gradients come near 65504, on 2
+    and on 3 ranks; the all-reduce started and left running when the hook returns."""
     import torch
     import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    returned = {"none": False, "dtypes": set()}
+    from helpers.exercises.watch import unwrap, watch_waits
+
+    returned = {"none": False, "dtypes": set(), "waited": 0}
+    inside = [False]  # the learner's hook is running
 
     def yours(state, bucket):
         """The learner's hook, watched: a None is passed on unchanged, the Future's dtype is noted."""
-        future = fn(state, bucket)
+        inside[0] = True
+        try:
+            future = unwrap(fn(state, bucket))
+        finally:
+            inside[0] = False
         if future is None:
             returned["none"] = True
             future = torch.futures.Future()
@@ -191,17 +200,29 @@ def _fp16_hook(fn):
         """torch's bf16_compress_hook, under another name: DDP refuses that name without CUDA and NCCL."""
         return default_hooks.bf16_compress_hook(state, bucket)
 
+    def float32_first(state, bucket):
+        """Divides the float32 bucket, then casts: as accurate as torch's order, not bit for bit the same."""
+        buffer = bucket.buffer()
+        compressed = (buffer / dist.get_world_size()).to(torch.float16)
+        return dist.all_reduce(compressed, async_op=True).get_future().then(lambda f: buffer.copy_(f.value()[0]))
+
     hooks = {
         "torch": default_hooks.fp16_compress_hook,
         "plain": default_hooks.allreduce_hook,
         "bf16": bf16,
+        "float32 first": float32_first,
         "yours": yours,
     }
 
+    def waited():
+        returned["waited"] += inside[0]
+
     def rank_part(rank, world):
+        watch_waits(("all_reduce",), lambda name, arguments: waited() if not arguments["async_op"] else None,
+                    waited, lambda: inside[0])  # fmt: skip
         out = {}
         for case in ("ordinary", "scaled"):
-            # ordinary: each rank its own batch; scaled: one batch on both ranks, loss x (60000 / largest gradient)
+            # ordinary: each rank its own batch; scaled: one batch on every rank, loss x (60000 / largest gradient)
             g = torch.Generator().manual_seed(rank if case == "ordinary" else 99)
             x, y = torch.randn(16, FEATURES, generator=g), torch.randint(0, CLASSES, (16,), generator=g)
             scale = 1.0
@@ -216,12 +237,32 @@ def _fp16_hook(fn):
                 out[case, name] = _flat_grads(net).tolist()  # numbers, not tensors: a tensor is passed
         if returned["none"]:  # through shared memory, which this rank takes with it when it exits
             raise NotAnswered("fp16_hook returned None (is a `return` missing?); DDP needs a Future.")
-        return {"grads": out, "dtypes": sorted(returned["dtypes"])}
+        return {"grads": out, "dtypes": sorted(returned["dtypes"]), "waited": returned["waited"]}
 
-    try:
-        results = on_ranks(rank_part, 2, timeout=30)
-    except CourseError as error:
-        return False, str(error)
+    for world in (2, 3):
+        try:
+            results = on_ranks(rank_part, world, timeout=30)
+        except CourseError as error:
+            return False, str(error)
+        wrong = _fp16_mistake(results, world)
+        if wrong and world > 2:  # bit for bit on 2 ranks
+            wrong = (
+                f"your hook gives torch's gradients bit for bit on 2 ranks but not on {world}: divide by "
+                "dist.get_world_size(), not by a fixed number of ranks."
+            )
+        if wrong:
+            return False, wrong
+    return True, (
+        "Bit for bit torch's fp16_compress_hook on 2 and 3 ranks, half the bytes on the wire (float16 keeps 11 "
+        "significant bits, so most gradient entries differ from an uncompressed all-reduce's), and dividing "
+        "first kept the sum of the ranks' ~60000 gradients below 65504."
+    )
+
+
+def _fp16_mistake(results: list, world: int) -> str | None:
+    """What is wrong with the learner's hook on ``world`` ranks, from every rank's gradients; None when nothing is."""
+    import torch
+
     for r in results:
         r["grads"] = {key: torch.tensor(values, dtype=torch.float32) for key, values in r["grads"].items()}
     grads = results[0]["grads"]
@@ -231,10 +272,17 @@ def _fp16_hook(fn):
         bool(torch.isfinite(grads["scaled", k]).all()) for k in ("torch", "plain")
     ):
         raise CourseError("the check's own step does not show float16 rounding, or overflows in torch's hook")
+    if any(r["waited"] for r in results):
+        return (
+            "your hook waited for its all-reduce before returning (a blocking dist.all_reduce, or .wait() on its "
+            "work or future): DDP calls the hook during backward, which then stands still for every bucket's "
+            "communication. Start it with async_op=True and return its future's .then(...): DDP waits for it only "
+            "when backward is done."
+        )
     dtypes = {d for r in results for d in r["dtypes"]}
     wrong_dtype = sorted(value for value, bucket in dtypes if value != bucket)
     if wrong_dtype:
-        return False, (
+        return (
             f"your Future holds a {wrong_dtype[0]} tensor, not one in the bucket's dtype (torch.float32). DDP "
             "happens to cast it while copying into .grad, but a hook's result is the bucket's new value: copy it "
             "back, as torch's decompress does with bucket.buffer().copy_(...)."
@@ -248,32 +296,34 @@ def _fp16_hook(fn):
         )
 
     if yours_equal("torch"):
-        return True, (
-            f"Bit for bit torch's fp16_compress_hook, half the bytes on the wire; {differ_from_plain} of "
-            f"{torch_.numel()} gradient entries differ from the uncompressed all-reduce's (float16 keeps 11 "
-            "significant bits), and dividing first kept the sum of two ~60000 gradients below 65504."
-        )
+        return None
     mine = grads["ordinary", "yours"]
     if yours_equal("plain"):
-        return False, (
+        return (
             "these are the gradients of the plain float32 all-reduce: nothing was compressed. Cast the bucket to "
             "torch.float16 and all-reduce that copy, so that half the bytes travel."
         )
-    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, 2 * torch_, rtol=1e-2, atol=1e-6):
-        return False, (
-            "your gradients are twice torch's: the all-reduce sums, so the hook must divide by "
-            "dist.get_world_size() to average (DDP does not divide when a hook is registered)."
+    if bool(torch.isfinite(mine).all()) and torch.allclose(mine, world * torch_, rtol=1e-2, atol=1e-6):
+        return (
+            f"your gradients are {'twice' if world == 2 else f'{world} times'} torch's: the all-reduce sums, so the "
+            "hook must divide by dist.get_world_size() to average (DDP does not divide when a hook is registered)."
         )
     if yours_equal("bf16"):
-        return False, (
+        return (
             "these are bf16_compress_hook's gradients: torch.bfloat16 keeps 8 significant bits, torch.float16 "
             "11 (and a smaller range). Cast to torch.float16."
         )
+    if yours_equal("float32 first"):
+        return (
+            "your hook divides the float32 bucket and then casts it to float16: as accurate, but not torch's order, "
+            "which the exercise asks for bit for bit (the last bit of the smallest entries differs). Cast the "
+            "bucket to float16 first, then divide that float16 copy by the world size."
+        )
     scaled = grads["scaled", "yours"]
     if not bool(torch.isfinite(scaled).all()):
-        return False, (
+        return (
             f"with the loss scaled so that each rank's largest gradient is about 60000, {int((~torch.isfinite(scaled)).sum())} "
-            "gradient entries came back as inf or NaN: the float16 sum of two ranks passes 65504, float16's "
+            f"gradient entries came back as inf or NaN: the float16 sum of {world} ranks passes 65504, float16's "
             "largest number. Divide by the world size before the all-reduce, as torch's hook does."
         )
     gap = max(
@@ -286,7 +336,7 @@ def _fp16_hook(fn):
         for r in results
         for c in ("ordinary", "scaled")
     )
-    return False, (
+    return (
         f"{count} gradient entries differ from fp16_compress_hook's, by up to {gap:.3g}. Do it in torch's order: "
         "cast the bucket to float16, divide that copy by the world size, all-reduce it asynchronously, and "
         "copy the result back into bucket.buffer() in a .then() callback."

@@ -68,3 +68,40 @@ def peer(arguments: dict, key: str) -> int | None:
     """The rank a send or receive goes to or comes from: ``dst``/``src``, else ``group_dst``/``group_src``."""
     value = arguments.get(key)
     return value if value is not None else arguments.get(f"group_{key}")
+
+
+class _Waited:
+    """A work or future of a watched collective: ``wait()`` is noted first, the rest is the real object's."""
+
+    def __init__(self, real, waited: Callable[[], None]):
+        self._real, self._waited = real, waited
+
+    def wait(self, *args, **kwargs):
+        self._waited()
+        return self._real.wait(*args, **kwargs)
+
+    def get_future(self):
+        return _Waited(self._real.get_future(), self._waited)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def unwrap(value):
+    """The real work or future behind what a watched collective handed out (others unchanged): what DDP gets back."""
+    return value._real if isinstance(value, _Waited) else value
+
+
+def watch_waits(names, note: Callable[[str, dict], None], waited: Callable[[], None], when: Callable[[], bool]) -> None:
+    """For each collective of ``names`` called while ``when()``: ``note(name, arguments)``, and ``waited()`` each
+    time the learner waits on its work or on that work's future (``async_op=True``)."""
+
+    def instead(real, name, arguments):
+        result = real(**arguments)
+        return _Waited(result, waited) if result is not None else None
+
+    def noting(name, arguments):
+        if when():
+            note(name, arguments)
+
+    watch(names, noting, lambda real, name, arguments: instead(real, name, arguments) if when() else real(**arguments))
