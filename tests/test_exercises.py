@@ -423,6 +423,90 @@ class DividedByTwo(TinyDDP):
                 p.grad.div_(2)
 
 
+class LaunchAtEnd(TinyDDP):
+    """The hooks only fill the buckets; the callback all-reduces them all, in order: no overlap."""
+
+    def launch(self):
+        pass
+
+    def finish(self):
+        self.works = [dist.all_reduce(flat, async_op=True) for flat in self.flat]
+        super().finish()
+
+
+class BlockingInHook(TinyDDP):
+    """Each full bucket is all-reduced with a blocking call from the hook: backward waits for it."""
+
+    def launch(self):
+        while len(self.works) < len(self.buckets) and self.missing[len(self.works)] == 0:
+            dist.all_reduce(self.flat[len(self.works)])
+            self.works.append(torch.futures.Future())
+            self.works[-1].set_result(None)
+
+
+class SumThenDivide(TinyDDP):
+    """Sums in the buckets and divides the averaged gradients in the callback."""
+
+    def copy_in(self, grad, view):
+        view.copy_(grad)
+
+    def finish(self):
+        super().finish()
+        for bucket in self.buckets:
+            for p in bucket:
+                p.grad.div_(self.world)
+
+
+class PlainReducer:
+    """Not a Module: a callable holding the module, its own bucket loop, a pointer to the next bucket to send."""
+
+    def __init__(self, module, order, cap):
+        self.module, self.syncing, self.enabled = module, False, True
+        params = list(module.parameters())
+        self.buckets, size = [[]], 0
+        for i in order:
+            self.buckets[-1].append(params[i])
+            size += params[i].numel() * params[i].element_size()
+            if size >= cap:
+                self.buckets.append([])
+                size = 0
+        self.buckets = [b for b in self.buckets if b]
+        self.where = {p: i for i, b in enumerate(self.buckets) for p in b}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self.on_grad)
+
+    def __call__(self, x):
+        self.syncing = self.enabled and torch.is_grad_enabled()
+        self.ready, self.sent, self.works, self.callback = [0] * len(self.buckets), 0, [], False
+        return self.module(x)
+
+    def on_grad(self, p):
+        if not self.syncing:
+            return
+        if not self.callback:
+            torch.autograd.Variable._execution_engine.queue_callback(self.done)
+            self.callback = True
+        self.ready[self.where[p]] += 1
+        while self.sent < len(self.buckets) and self.ready[self.sent] == len(self.buckets[self.sent]):
+            flat = torch.cat([q.grad.flatten() for q in self.buckets[self.sent]]) / dist.get_world_size()
+            self.works.append((flat, dist.all_reduce(flat, async_op=True)))
+            self.sent += 1
+
+    def done(self):
+        for bucket, (flat, work) in zip(self.buckets, self.works, strict=True):
+            work.wait()
+            for p, piece in zip(bucket, flat.split([q.numel() for q in bucket]), strict=True):
+                p.grad.copy_(piece.view_as(p))
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = True
+
+
 def tiny(cls, **kwargs):
     return lambda module, order, cap: cls(module, order, cap, **kwargs)
 
@@ -804,7 +888,9 @@ EXERCISES = {
             (tiny(AsSoonAsFull), "same order"),
             (tiny(SyncAtHook), "decides at forward"),
             (tiny(NoCallback), "differs from torch's DDP"),
-            (tiny(DividedByTwo), "differs from torch's DDP"),
+            (tiny(DividedByTwo), "right on 2 ranks"),
+            (tiny(LaunchAtEnd), "until backward had computed every gradient"),
+            (tiny(BlockingInHook), "blocking"),
         ],
         returns,
         bad_values=(math.nan, "1.5", None),
@@ -1075,6 +1161,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "05.1": [tiny(SumThenDivide), PlainReducer],
     "05.2": [fp16_hook_half, fp16_hook_new_tensor],
     "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],

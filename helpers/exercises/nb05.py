@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from helpers.bucketing import MiB, expected_buckets
 from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, Wrong, brief, checker, on_ranks, tensors_close
+from helpers.exercises.watch import unwrap, watch_waits
 from helpers.toys import mlp
 from helpers.training import CLASSES, FEATURES, toy_model
 
@@ -27,8 +28,6 @@ def _tiny_ddp(fn):
     no_sync read at forward, and an autograd callback that leaves averaged gradients when backward returns."""
     import torch
     import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -57,15 +56,18 @@ def _tiny_ddp(fn):
 
     def rank_part(rank, world):
         reference, ready_order, torch_numels = torch_reference(rank)
-        calls = []
-        real = c10d.all_reduce
-
-        def counted(tensor, *args, **kwargs):
-            calls.append(tensor.numel())
-            return real(tensor, *args, **kwargs)
-
-        dist.all_reduce = c10d.all_reduce = counted  # this forked rank only
+        calls, ready, timing = [], [0], {"blocking": 0, "launched in backward": 0, "waited in backward": 0}
         n = len(reference[0])
+
+        def note(name, arguments):  # the gradients computed so far tell whether backward is still running
+            calls.append(arguments["tensor"].numel())
+            timing["blocking"] += not arguments["async_op"]
+            timing["launched in backward"] += ready[0] < n
+
+        def waited():
+            timing["waited in backward"] += ready[0] < n
+
+        watch_waits(("all_reduce",), note, waited, lambda: True)  # this forked rank only
         for order in (ready_order, list(range(n))):
             module = mlp(TINY_WIDTHS, seed=0)
             params = list(module.parameters())
@@ -83,12 +85,16 @@ def _tiny_ddp(fn):
                     f"tiny_ddp returned {brief(net)}; return the wrapped model: called like the module, "
                     "with a no_sync() method."
                 )
+            for p in params:  # after the learner's hooks: counts the gradients that backward has finished
+                p.register_post_accumulate_grad_hook(lambda p: ready.__setitem__(0, ready[0] + 1))
             opt = torch.optim.SGD(params, lr=0.1)
             said = f"with {world} ranks, order={order} and cap={TINY_CAP} bytes"
             for step in range(steps + 1):
                 x, y = _tiny_batch(rank, step)
                 opt.zero_grad()
                 calls.clear()
+                ready[0] = 0
+                timing.update(dict.fromkeys(timing, 0))
                 F.mse_loss(net(x), y).backward()
                 if not calls:
                     raise Wrong(
@@ -105,6 +111,23 @@ def _tiny_ddp(fn):
                     raise Wrong(
                         f"{said}, your all-reduces carried {calls} numbers; torch's buckets, in order, hold "
                         f"{want}: walk `order` and close a bucket once it holds at least `cap` bytes (04.1)."
+                    )
+                if timing["blocking"]:
+                    raise Wrong(
+                        f"{said}, {timing['blocking']} of the all-reduces were blocking (async_op=False): backward "
+                        "stood still while each one ran. Launch with async_op=True and wait for the works in the "
+                        "callback, once backward is done."
+                    )
+                if timing["waited in backward"]:
+                    raise Wrong(
+                        f"{said}, a bucket's all-reduce was waited for before backward had computed every "
+                        "gradient: backward stood still while it ran. Wait for the works only in the callback."
+                    )
+                if not timing["launched in backward"]:
+                    raise Wrong(
+                        f"{said}, no all-reduce started until backward had computed every gradient: nothing "
+                        "overlapped, which is the point of the Reducer. Launch each bucket from the hooks as soon "
+                        "as it and the buckets before it are full; the callback only waits."
                     )
                 _same_grads(params, reference[step], f"{said}, after step {step + 1}'s backward() returned")
                 opt.step()
@@ -126,13 +149,22 @@ def _tiny_ddp(fn):
             _same_grads(params, reference[-1], "after one backward under no_sync() and one outside it")
         return True
 
-    try:
-        on_ranks(rank_part, 3, timeout=60)
-    except CourseError as error:
-        return False, str(error)
+    for world in (2, 3):
+        try:
+            on_ranks(rank_part, world, timeout=60)
+        except CourseError as error:
+            return False, str(error)
+        except Wrong as wrong:
+            if world > 2 and "differs from torch's DDP" in str(wrong):
+                raise Wrong(
+                    f"{wrong} It was right on 2 ranks: is a number of ranks written into it where "
+                    "dist.get_world_size() belongs?"
+                ) from None
+            raise
     return True, (
-        "Hooks fill the buckets, bucket i is all-reduced once 0 ... i-1 have gone, and a callback queued with the "
-        "autograd engine waits for them inside backward(): on 3 ranks your gradients match torch's DDP, and a "
+        "Hooks fill the buckets, bucket i is all-reduced once 0 ... i-1 have gone, while backward goes on, and a "
+        "callback queued with the autograd engine waits for them inside backward(): on 2 and 3 ranks your "
+        "gradients match torch's DDP, and a "
         "forward under no_sync() sends nothing. That is DDP's Reducer, without the C++."
     )
 
@@ -166,8 +198,6 @@ def _fp16_hook(fn):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from helpers.exercises.watch import unwrap, watch_waits
 
     returned = {"none": False, "dtypes": set(), "waited": 0}
     inside = [False]  # the learner's hook is running
