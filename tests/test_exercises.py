@@ -511,9 +511,12 @@ def tiny(cls, **kwargs):
     return lambda module, order, cap: cls(module, order, cap, **kwargs)
 
 
-def accumulation_step(net, optimizer, micro_batches, sync_forward=False, scale=True, step=True):
-    optimizer.zero_grad()
+def accumulation_step(net, optimizer, micro_batches, sync_forward=False, scale=True, step=True, zero="once"):
+    if zero == "once":
+        optimizer.zero_grad()
     for i, (x, y) in enumerate(micro_batches):
+        if zero == "every micro-batch":
+            optimizer.zero_grad()
         last = i == len(micro_batches) - 1
         if sync_forward:  # the forward pass outside no_sync: DDP has already decided to sync
             loss = F.cross_entropy(net(x), y) / (len(micro_batches) if scale else 1)
@@ -524,6 +527,38 @@ def accumulation_step(net, optimizer, micro_batches, sync_forward=False, scale=T
                 (F.cross_entropy(net(x), y) / (len(micro_batches) if scale else 1)).backward()
     if step:
         optimizer.step()
+
+
+def accumulation_with_ifs(net, optimizer, micro_batches):
+    """Branches instead of a null context, the model's zero_grad, the loss summed and divided by every sample."""
+    net.zero_grad()
+    total = sum(len(y) for _, y in micro_batches)
+    for x, y in micro_batches[:-1]:
+        with net.no_sync():
+            (F.cross_entropy(net(x), y, reduction="sum") / total).backward()
+    x, y = micro_batches[-1]
+    (F.cross_entropy(net(x), y, reduction="sum") / total).backward()
+    optimizer.step()
+
+
+def accumulation_with_exit_stack(net, optimizer, micro_batches):
+    """An ExitStack that enters no_sync for all but the last; zeroes to 0 rather than None."""
+    optimizer.zero_grad(set_to_none=False)
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.ExitStack() as stack:
+            if i < len(micro_batches) - 1:
+                stack.enter_context(net.no_sync())
+            loss = F.cross_entropy(net(x), y) * (1.0 / len(micro_batches))
+            loss.backward()
+    optimizer.step()
+
+
+def one_loss_for_all(net, optimizer, micro_batches):
+    """Every micro-batch's forward first, their mean loss through one backward: no accumulation at all."""
+    optimizer.zero_grad()
+    loss = sum(F.cross_entropy(net(x), y) for x, y in micro_batches) / len(micro_batches)
+    loss.backward()
+    optimizer.step()
 
 
 def step_then_fill(value):
@@ -905,6 +940,9 @@ EXERCISES = {
             ),
             (lambda net, opt, mb: accumulation_step(net, opt, mb, step=False), "optimizer.step()"),
             (lambda net, opt, mb: [accumulation_step(net, opt, [m]) for m in mb], "not 1"),
+            (lambda net, opt, mb: accumulation_step(net, opt, mb, zero="never"), "zero_grad"),
+            (lambda net, opt, mb: accumulation_step(net, opt, mb, zero="every micro-batch"), "only the last micro-batch"),
+            (one_loss_for_all, "went through 1 backward() call"),
         ],
         step_then_fill,
         bad_values=(math.nan, math.inf, -math.inf),  # it acts in place: what it returns is not used
@@ -1161,6 +1199,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "05.3": [accumulation_with_ifs, accumulation_with_exit_stack],
     "05.1": [tiny(SumThenDivide), PlainReducer],
     "05.2": [fp16_hook_half, fp16_hook_new_tensor],
     "04.3": [average_hook_after, average_hook_in_buffer],

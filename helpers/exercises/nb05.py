@@ -373,10 +373,19 @@ def _fp16_mistake(results: list, world: int) -> str | None:
     )
 
 
+def _stale_gradients(net) -> None:
+    """What the last step left in ``.grad`` (the same on every rank), for ``zero_grad()`` to clear."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    for p in net.parameters():
+        p.grad = 0.1 * torch.randn(p.shape, generator=g)
+
+
 @checker("05.3")
 def _accumulation_step(fn):
-    """A function (net, optimizer, micro_batches) -> None: one optimizer step over the micro-batches, with
-    DDP's all-reduce once, at the last one."""
+    """A function (net, optimizer, micro_batches) -> None: one optimizer step over the micro-batches, each
+    through its own backward, with DDP's all-reduce once, at the last one; on 2 and on 3 ranks."""
     import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
 
     def rank_part(rank, world):
@@ -388,25 +397,38 @@ def _accumulation_step(fn):
             (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
             for _ in range(4)
         ]
-        reduced = []
+        reduced, backwards = [], []
 
         def counting(state, bucket):
             reduced.append(bucket.index())
             return default_hooks.allreduce_hook(state, bucket)
 
-        yours, reference = DDP(toy_model(hidden=64)), DDP(toy_model(hidden=64))
+        yours = DDP(toy_model(hidden=64))
         yours.register_comm_hook(None, counting)
+        next(yours.module.parameters()).register_post_accumulate_grad_hook(backwards.append)
         opt_yours = torch.optim.SGD(yours.parameters(), lr=0.1)
-        opt_reference = torch.optim.SGD(reference.parameters(), lr=0.1)
+        _stale_gradients(yours)
         fn(yours, opt_yours, micro)  # it steps the model in place; whatever it returns is not used
-        x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])  # one batch of them all
-        opt_reference.zero_grad()
-        F.cross_entropy(reference(x), y).backward()
-        opt_reference.step()
-        gap = max(
-            float((a - b).detach().abs().max())
-            for a, b in zip(yours.parameters(), reference.parameters(), strict=True)
-        )
+
+        def gap_to(kind: str) -> float:
+            """How far your weights are from one SGD step of the given kind, from the same stale gradients."""
+            net = DDP(toy_model(hidden=64))
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            _stale_gradients(net)
+            if kind != "kept the stale gradients":
+                optimizer.zero_grad()
+            if kind == "the last micro-batch only":
+                x, y = micro[-1]
+                (F.cross_entropy(net(x), y) / len(micro)).backward()
+            else:  # one batch of them all
+                x, y = torch.cat([m[0] for m in micro]), torch.cat([m[1] for m in micro])
+                F.cross_entropy(net(x), y).backward()
+            optimizer.step()
+            return max(
+                float((a - b).detach().abs().max())
+                for a, b in zip(yours.parameters(), net.parameters(), strict=True)
+            )
+
         moved = max(
             float((a - b).detach().abs().max())
             for a, b in zip(yours.parameters(), toy_model(hidden=64).parameters(), strict=True)
@@ -416,22 +438,58 @@ def _accumulation_step(fn):
         return {
             "all_reduces": len(reduced),
             "buckets": len(set(reduced)),
-            "gap": gap,
+            "backwards": len(backwards),
+            "micro-batches": len(micro),
+            "gaps": {k: gap_to(k) for k in ("right", "kept the stale gradients", "the last micro-batch only")},
         }
 
-    try:
-        results = on_ranks(rank_part, 2, timeout=30)
-    except CourseError as error:
-        return False, str(error)
-    first = results[0]
+    for world in (2, 3):
+        try:
+            results = on_ranks(rank_part, world, timeout=30)
+        except CourseError as error:
+            return False, str(error)
+        wrong = _accumulation_mistake(results, world)
+        if wrong:
+            return False, wrong
+    return True, (
+        "One backward per micro-batch, one all-reduce per optimizer step, and the same update as one large batch, "
+        "on 2 and on 3 ranks."
+    )
+
+
+def _accumulation_mistake(results: list, world: int) -> str | None:
+    """What is wrong with the learner's accumulation step on ``world`` ranks; None when nothing is."""
+    first, said = results[0], f"with {world} ranks"
     if first["all_reduces"] > first["buckets"]:
-        return False, (
-            f"DDP all-reduced {first['all_reduces']} buckets for one optimizer step, not {first['buckets']}: the "
-            "forward pass must be inside no_sync() as well, since DDP decides in forward whether backward syncs."
+        return (
+            f"{said}, DDP all-reduced {first['all_reduces']} buckets for one optimizer step, not {first['buckets']}: "
+            "the forward pass must be inside no_sync() as well, since DDP decides in forward whether backward syncs."
         )
-    if not all(r["gap"] <= 1e-6 for r in results):  # NaN weights fail too
-        return False, (
-            f"the weights differ from one step on all the micro-batches at once by {max(r['gap'] for r in results):.3g}: "
-            "divide each micro-batch's loss by their number, zero the gradients once, and step once at the end."
+
+    def matches(kind: str) -> bool:  # on every rank; NaN weights match nothing
+        return all(r["gaps"][kind] <= 1e-6 for r in results)
+
+    if not matches("right"):
+        if matches("kept the stale gradients"):
+            return (
+                f"{said}, the gradients left in .grad by the previous step were added to this one's: call "
+                "optimizer.zero_grad() once, before the first micro-batch."
+            )
+        if matches("the last micro-batch only"):
+            return (
+                f"{said}, only the last micro-batch's gradient reached the step: a zero_grad() inside the loop wiped "
+                "the ones before it. Zero the gradients once, before the first micro-batch."
+            )
+        gap = max(r["gaps"]["right"] for r in results)
+        return (
+            f"{said}, the weights differ from one step on all the micro-batches at once by {gap:.3g}: divide each "
+            "micro-batch's loss by their number, zero the gradients once, and step once at the end."
         )
-    return True, "One all-reduce per optimizer step, and the same update as one large batch."
+    if first["backwards"] < first["micro-batches"]:
+        return (
+            f"{said}, the {first['micro-batches']} micro-batches went through {first['backwards']} backward() "
+            "call(s): with one loss over all of them, every micro-batch's activations are held at once, which "
+            "is what accumulation avoids. Run forward and backward per micro-batch, dividing each loss by their "
+            "number."
+        )
+    return None
