@@ -669,6 +669,16 @@ def epoch_orders(n, rank, world, epochs, seed=0, tell=True, offset=0):
     return orders
 
 
+def epoch_orders_told_at_the_end(n, rank, world, epochs, seed=0):
+    """Tells the sampler the next epoch once an epoch is done."""
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    orders = []
+    for epoch in range(epochs):
+        orders.append(list(sampler))
+        sampler.set_epoch(epoch + 1)
+    return orders
+
+
 def fill_row(row, name, author, zh=lambda tag: tag == "zh", keys=("query", "response"), count=-1):
     i = 0 if zh(row["tag"]) else 1
     out = dict(row)
@@ -951,9 +961,9 @@ EXERCISES = {
         epoch_orders,
         [
             (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, tell=False), "set_epoch(epoch) tells it"),
-            (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1), "the sampler gives"),
+            (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=r), "shards overlap"),
             (lambda n, r, w, e, s=0: [list(range(n))[r::w] for _ in range(e)], "every epoch repeats"),
-            (lambda n, r, w, e, s=0: [sorted(o) for o in epoch_orders(n, r, w, e, s)], "the sampler gives"),
+            (lambda n, r, w, e, s=0: [sorted(o) for o in epoch_orders(n, r, w, e, s)], "none of this sampler's shuffles"),
             (
                 lambda n, r, w, e, s=0: [[str(i) for i in o] for o in epoch_orders(n, r, w, e, s)],
                 "int indices",
@@ -1199,6 +1209,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "06.1": [epoch_orders_told_at_the_end, lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1)],
     "05.3": [accumulation_with_ifs, accumulation_with_exit_stack],
     "05.1": [tiny(SumThenDivide), PlainReducer],
     "05.2": [fp16_hook_half, fp16_hook_new_tensor],

@@ -9,41 +9,79 @@ from helpers.errors import CourseError
 from helpers.exercises import NotAnswered, Wrong, brief, call, checker, integer, items
 from helpers.training import CLASSES, FEATURES, toy_model
 
+EPOCHS_TRIED = 64  # set_epoch values the checker recognises: epoch, epoch + 1, seed + epoch, ...
+
 
 @checker("06.1")
 def _epoch_orders(fn):
     """A function (n, rank, world, epochs, seed) -> the indices one rank trains on, epoch by epoch, from a
-    DistributedSampler that is told the epoch."""
+    DistributedSampler that is told the epoch: the same value on every rank, a new one each epoch (``epoch``
+    itself, or ``epoch + 1`` told at the start or the end of an epoch, all meet that)."""
     from torch.utils.data import DistributedSampler
 
     for n, world, epochs, seed in ((20, 2, 3, 0), (17, 3, 4, 5), (8, 1, 3, 1), (30, 4, 2, 7), (3, 4, 2, 2)):
+        shuffles = []  # shuffles[k][rank]: the order after set_epoch(k)
+        for k in range(EPOCHS_TRIED):
+            shuffles.append([])
+            for rank in range(world):
+                sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+                sampler.set_epoch(k)
+                shuffles[-1].append(list(sampler))
+        got = []
         for rank in range(world):
-            sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
-            want = []
-            for epoch in range(epochs):
-                sampler.set_epoch(epoch)
-                want.append(list(sampler))
-            got, said = call(fn, n, rank, world, epochs, seed)
-            orders = items(got, said, None, list, "a list with one list of indices per epoch")
+            orders, said = call(fn, n, rank, world, epochs, seed)
+            orders = items(orders, said, epochs, list, f"a list with one list of indices per epoch ({epochs})")
             for order in orders:
                 items(order, f"{said} an epoch's order", None, list, "a list of indices")
                 if not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
                     raise Wrong(f"{said} an epoch's order {brief(order)}; an order holds int indices.")
-            if got == want:
-                continue
-            if len(got) == epochs and len(got) > 1 and all(order == got[0] for order in got):
+            got.append(orders)
+        wrong = _epochs_told(got, shuffles, n, seed)
+        for rank, orders in enumerate(got if wrong else ()):
+            if len(orders) > 1 and all(order == orders[0] for order in orders):
                 return False, (
-                    f"n={n}, rank {rank} of {world}: every epoch repeats epoch 0's order {got[0]!r}. The sampler "
+                    f"n={n}, rank {rank} of {world}: every epoch repeats epoch 0's order {orders[0]!r}. The sampler "
                     "shuffles with seed + epoch, and only sampler.set_epoch(epoch) tells it the epoch."
                 )
-            return (
-                False,
-                f"n={n}, rank {rank} of {world}, seed {seed}: the sampler gives {want!r}, not {got!r}.",
-            )
+        if wrong:
+            return False, wrong
     return True, (
         "One line: sampler.set_epoch(epoch) at the top of each epoch. Every rank calls it with the same "
         "epoch, so the shards stay disjoint while the order changes."
     )
+
+
+def _epochs_told(got: list, shuffles: list, n: int, seed: int) -> str | None:
+    """None when each epoch's orders (``got[rank][epoch]``) are the sampler's after one ``set_epoch(k)`` told to
+    every rank, a different k each epoch; else what is wrong, in a sentence."""
+    world, epochs = len(got), len(got[0])
+    told = []  # for each epoch, the values k that explain every rank's order
+    for epoch in range(epochs):
+        each = [{k for k, orders in enumerate(shuffles) if orders[rank] == got[rank][epoch]} for rank in range(world)]
+        for rank, ks in enumerate(each):
+            if not ks:
+                return (
+                    f"n={n}, rank {rank} of {world}, seed {seed}: epoch {epoch}'s order {got[rank][epoch]!r} is "
+                    f"none of this sampler's shuffles (after set_epoch({epoch}) it gives "
+                    f"{shuffles[epoch][rank]!r}): keep the DistributedSampler and its seed, and tell it the epoch."
+                )
+        common = set.intersection(*each)
+        if not common:
+            return (
+                f"n={n}, {world} ranks: in epoch {epoch} the ranks' samplers were told different epochs, so their "
+                "shards overlap (and miss samples). Every rank calls set_epoch with the same epoch."
+            )
+        told.append(common)
+
+    def distinct(epoch: int, used: set) -> bool:  # one k per epoch, never twice
+        return epoch == epochs or any(distinct(epoch + 1, used | {k}) for k in told[epoch] - used)
+
+    if not distinct(0, set()):
+        return (
+            f"n={n}, {world} ranks: some epochs were told the same epoch, so they repeat an order. Tell the "
+            "sampler a new epoch each time: sampler.set_epoch(epoch)."
+        )
+    return None
 
 
 @checker("06.2")
