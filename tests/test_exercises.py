@@ -659,6 +659,37 @@ def checkpoint(
     return state["step"]
 
 
+def checkpoint_plain_save(path, model, optimizer, step=None, guard=True, barrier="after"):
+    """torch.save straight to the path (not atomic); ``guard``: rank 0 alone writes; ``barrier``: "after"
+    the write, "before" it, or None."""
+    if step is not None:
+        if barrier == "before":
+            dist.barrier()
+        if dist.get_rank() == 0 or not guard:
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+        if barrier == "after":
+            dist.barrier()
+        return None
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def checkpoint_as_tuple(path, net, optimizer, step=None):
+    """A tuple in a file written next to the path and renamed over it; loaded with map_location."""
+    if step is None:
+        weights, moments, saved_at = torch.load(path, map_location="cpu")
+        net.load_state_dict(weights)
+        optimizer.load_state_dict(moments)
+        return saved_at
+    if dist.get_rank() == 0:
+        tmp = f"{path}.partial"
+        torch.save((net.module.state_dict(), optimizer.state_dict(), step), tmp)
+        os.replace(tmp, path)
+    dist.barrier()
+
+
 def epoch_orders(n, rank, world, epochs, seed=0, tell=True, offset=0):
     sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
     orders = []
@@ -995,6 +1026,9 @@ EXERCISES = {
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, rank0=False), "Write on rank 0 only"),
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, keep_step=False), "saved after 2 steps"),
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, unwrap=False), "net.module.state_dict()"),
+            (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, barrier=None), "dist.barrier()"),
+            (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, barrier="before"), "dist.barrier()"),
+            (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, guard=False, barrier=None), "Write on rank 0 only"),
         ],
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
@@ -1209,6 +1243,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "06.2": [checkpoint_plain_save, checkpoint_as_tuple],
     "06.1": [epoch_orders_told_at_the_end, lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1)],
     "05.3": [accumulation_with_ifs, accumulation_with_exit_stack],
     "05.1": [tiny(SumThenDivide), PlainReducer],

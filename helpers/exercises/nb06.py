@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import pickle
+import time
+
 import torch.nn.functional as F
 
 from helpers import exercises
@@ -91,7 +95,6 @@ def _checkpoint(fn):
     Resumed training must equal straight training bit for bit, on 2 ranks with DDP and Adam."""
     import shutil
     import tempfile
-    import time
     from pathlib import Path
 
     import torch
@@ -114,15 +117,17 @@ def _checkpoint(fn):
             (torch.randn(8, FEATURES, generator=g), torch.randint(0, CLASSES, (8,), generator=g))
             for _ in range(steps)
         ]
-        straight = toy_model(hidden=32)
-        train(DDP(straight), torch.optim.Adam(straight.parameters(), lr=0.01), batches)
+        straight = toy_model(hidden=32)  # the run that never stops; wrapped anew where the other resumes, for
+        straight_optimizer = torch.optim.Adam(straight.parameters(), lr=0.01)  # a new DDP sums its first buckets
+        train(DDP(straight), straight_optimizer, batches[:saved_at])  # in another order, which on 3 ranks
+        train(DDP(straight), straight_optimizer, batches[saved_at:])  # rounds differently
 
         first = toy_model(hidden=32)
         net, optimizer = DDP(first), torch.optim.Adam(first.parameters(), lr=0.01)
         train(net, optimizer, batches[:saved_at])
         writers = []
+        real_save = torch.save
         if rank != 0:  # this forked rank only: note a torch.save here, then do it
-            real_save = torch.save
 
             def noted_save(*args, **kwargs):
                 writers.append(rank)
@@ -131,7 +136,16 @@ def _checkpoint(fn):
             torch.save = noted_save
         else:
             time.sleep(0.5)  # rank 0 comes late: a rank that does not wait for it finds no file
-        fn(path, net, optimizer, saved_at)
+            torch.save = functools.partial(_slow_save, real_save)  # and writes slowly: one that reads early tears it
+        try:
+            fn(path, net, optimizer, saved_at)
+        finally:
+            if writers:
+                raise Wrong(
+                    f"rank {rank} wrote the checkpoint too: every rank holds the same state, and ranks writing one "
+                    "file at once can leave it torn. Write on rank 0 only (dist.get_rank() == 0)."
+                ) from None
+        torch.save = real_save
 
         fresh = toy_model(hidden=32, seed=1)  # other weights than the run's: resuming must load them
         fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.01)
@@ -144,19 +158,12 @@ def _checkpoint(fn):
                     "the checkpoint's weights are named 'module.…' (the state_dict of the DDP wrapper) and do not "
                     "load into the bare model: save net.module.state_dict(), the model DDP wraps."
                 ) from None
-            if rank != 0 and (
-                isinstance(exc, FileNotFoundError) or "zip archive" in text or "Stream" in text
-            ):
+            if rank != 0 and (isinstance(exc, TORN) or any(mark in text for mark in TORN_MARKS)):
                 raise Wrong(
-                    f"rank {rank} read the checkpoint before rank 0 had finished writing it "
-                    f"({type(exc).__name__}): after rank 0's write, every rank waits at dist.barrier()."
+                    f"rank {rank} read the checkpoint before rank 0 had finished writing it ({type(exc).__name__}): "
+                    "after rank 0's write (not before it), every rank waits at dist.barrier()."
                 ) from None
             raise
-        if writers:
-            raise Wrong(
-                f"rank {rank} wrote the checkpoint too: every rank holds the same state, and ranks writing one "
-                "file at once can leave it torn. Write on rank 0 only (dist.get_rank() == 0)."
-            )
         if step is None:
             raise NotAnswered(
                 "resuming returned None (is a `return` missing?); it returns the step the checkpoint was saved at."
@@ -176,39 +183,71 @@ def _checkpoint(fn):
         }
 
     try:
-        results = exercises.on_ranks(rank_part, 2, timeout=40)
+        for world in (2, 3):
+            path.unlink(missing_ok=True)
+            results = exercises.on_ranks(rank_part, world, timeout=40)
+            wrong = _resumed_mistake(results, world, steps, saved_at)
+            if wrong:
+                return False, wrong
     except CourseError as error:
         return False, str(error)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    return True, (
+        f"{saved_at} steps, a checkpoint, a fresh model and optimizer, {steps - saved_at} more steps: the "
+        f"weights of {steps} steps straight, bit for bit, on every rank, with 2 ranks and with 3."
+    )
+
+
+def _resumed_mistake(results: list, world: int, steps: int, saved_at: int) -> str | None:
+    """What is wrong with the resumed run on ``world`` ranks, from every rank's report; None when nothing is."""
     first = results[0]
     step = integer(first["step"], "resuming returned", "optimizer steps")
     if step != saved_at:
-        return False, (
+        return (
             f"resuming returned step {step}, but the checkpoint was saved after {saved_at} steps: keep the step in "
             "the checkpoint and return it, or the run redoes (or skips) steps and their data."
         )
     if not all(r["weights_loaded"] for r in results):
-        return (
-            False,
-            "after resuming, the model does not hold the saved weights: load_state_dict into the model given.",
-        )
+        return "after resuming, the model does not hold the saved weights: load_state_dict into the model given."
     if not all(r["optimizer_state"] for r in results):
-        return False, (
+        return (
             "after resuming, the optimizer holds no state: Adam's moments (and its step count) decide the next "
             "updates, so save optimizer.state_dict() and load it with optimizer.load_state_dict()."
         )
     gaps = [r["gap"] for r in results]
     if not all(gap == 0 for gap in gaps):
-        return False, (
+        return (
             f"after resuming and training the remaining {steps - saved_at} steps, the weights differ from "
             f"{steps} steps straight by up to {max(gaps, key=lambda v: v if v == v else float('inf'))!r}: save and "
             "restore the weights, the optimizer's state and the step, all from one moment."
         )
-    return True, (
-        f"{saved_at} steps, a checkpoint, a fresh model and optimizer, {steps - saved_at} more steps: the "
-        f"weights of {steps} steps straight, bit for bit, on every rank."
-    )
+    return None
+
+
+TORN = (OSError, EOFError, pickle.UnpicklingError)  # what torch.load raises on a file not yet whole (or not there)
+TORN_MARKS = ("zip archive", "Stream", "central directory")
+
+
+def _slow_save(real_save, obj, f, *args, **kwargs):
+    """``torch.save``, with the file left half written for half a second: a rank that reads it before the writer
+    is done finds it torn (or missing), as it would with a large checkpoint; an atomic rename hides it."""
+    import io
+    import os
+
+    buffer = io.BytesIO()
+    real_save(obj, buffer, *args, **kwargs)
+    data = buffer.getvalue()
+    handle = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f  # noqa: SIM115 - closed below when ours
+    try:
+        handle.write(data[: len(data) // 2])
+        handle.flush()
+        time.sleep(0.5)
+        handle.write(data[len(data) // 2 :])
+        handle.flush()
+    finally:
+        if handle is not f:
+            handle.close()
 
 
 def _resumed_gap(model, optimizer, batches, straight, train) -> float:
