@@ -802,6 +802,23 @@ def ddp_script(**change) -> Script:
         text = text.replace(old, new)
     return Script(text)
 
+SCRIPT_EVERY_RANK_SAVES = ddp_script(**{
+    "if dist.get_rank() == 0:  # every rank holds the same weights: one writer\n    torch.save": "torch.save",
+    "dist.barrier()\n": "",
+})
+SCRIPT_BY_HAND_BATCHES = ddp_script(**{
+    "loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)\n": "",
+    "    for x, y in loader:\n": "    mine = list(sampler)\n    for start in range(0, len(mine), args.batch):\n"
+                                   "        x, y = dataset[mine[start : start + args.batch]]\n",
+})
+SCRIPT_RANK_FROM_ENVIRONMENT = ddp_script(**{
+    "import argparse": "import argparse\nimport os",
+    "optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)": "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)",
+    "if dist.get_rank() == 0:": "if int(os.environ[\"RANK\"]) == 0:",
+    "torch.save(model.state_dict(), args.out)": "torch.save(ddp.module.state_dict(), args.out)",
+})  # fmt: skip
+
+
 EXERCISES = {
     "01.1": Exercise(
         combine,
@@ -1044,6 +1061,10 @@ EXERCISES = {
             (ddp_script(**{"torch.save(model.state_dict()": "torch.save(ddp.state_dict()"}), "ddp.module.state_dict()"),
             (ddp_script(**{"import argparse": "import argparse\nfrom helpers import toys"}), "torch and the standard library"),
             (ddp_script(**{"dist.barrier()": "raise RuntimeError('lost')"}), "RuntimeError: lost"),
+            (SCRIPT_EVERY_RANK_SAVES, "rank 1 saved the weights too"),
+            (ddp_script(**{"DistributedSampler(dataset, shuffle=True, seed=0)":
+                           "DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank(), shuffle=True, seed=0)"}),
+             "right on 2 ranks but not on 3"),
         ],
         lambda v: v,
         bad_values=(math.nan, "1.5", None, True),
@@ -1243,6 +1264,7 @@ ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "06.3": [SCRIPT_BY_HAND_BATCHES, SCRIPT_RANK_FROM_ENVIRONMENT],
     "06.2": [checkpoint_plain_save, checkpoint_as_tuple],
     "06.1": [epoch_orders_told_at_the_end, lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1)],
     "05.3": [accumulation_with_ifs, accumulation_with_exit_stack],
