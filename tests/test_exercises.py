@@ -1329,6 +1329,37 @@ def test_right_answers_written_another_way_pass(name, i, capsys):
     assert ok and "✅ correct" in out, (name, i, out)
 
 
+def test_every_on_ranks_exercise_has_two_right_answers_written_another_way():
+    assert {name for name in ON_RANKS if len(ALSO_RIGHT.get(name, ())) >= 2} == ON_RANKS
+
+
+def test_each_on_ranks_checker_runs_its_solution_on_2_and_3_ranks(monkeypatch, capsys):
+    """A hook or script right on 2 ranks only (a world size written in) must not pass: every checker tries 3 too,
+    and the ring, whose structure changes with the number of ranks, 4."""
+    from helpers import launching
+    from helpers.exercises import nb03, nb04, nb05, nb06
+
+    worlds = []
+
+    def recording(real):
+        def run(fn, world=2, *args, **kwargs):
+            worlds.append(world)
+            return real(fn, world, *args, **kwargs)
+
+        return run
+
+    for module in (nb03, nb04, nb05):
+        monkeypatch.setattr(module, "on_ranks", recording(exercises.on_ranks))
+    monkeypatch.setattr(nb06.exercises, "on_ranks", recording(exercises.on_ranks))
+    real_torchrun = launching.torchrun
+    monkeypatch.setattr(launching, "torchrun", lambda *a, nproc=2, **k: (worlds.append(nproc), real_torchrun(*a, nproc=nproc, **k))[1])
+    for name in sorted(ON_RANKS):
+        worlds.clear()
+        ok, out = verdict(capsys, name, EXERCISES[name].solution)
+        assert ok, out
+        assert sorted(set(worlds)) == ([2, 3, 4] if name == "03.3" else [2, 3]), (name, worlds)
+
+
 def test_a_deadlocked_ring_is_named_within_seconds(capsys):
     import time
 
