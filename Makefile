@@ -37,7 +37,7 @@ help:
 	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: a reverse proxy in front); Ctrl-C stops all"
 	@echo "make setup    create .venv with the learner's locked packages (every target does it first; GROUP=dev, as test,"
 	@echo "              lint, book, zh, hub and student do: the tests', linters', site's and hub's as well)"
-	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks"
+	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks; vulture for dead code"
 	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
 	@echo "Parts of make test: unit-main, unit-long, unit-scripts, unit-hub, gpu-shape-1, gpu-shape-2, stream-units,"
 	@echo "                    stream-notebooks"
@@ -55,6 +55,7 @@ run: setup
 
 lint: setup
 	$(BIN)/ruff check --no-cache conftest.py helpers course tests notebooks book scripts
+	$(BIN)/python scripts/deadcode.py
 
 # The longest tests run beside the others, each pytest session in its own build/test folder: `make gpu-check
 # SHAPE_ON_CPU=1` for 1 process and for 2 (tests/test_gpu_shape.py, one make run each, the notebooks of

@@ -2,7 +2,8 @@
 
 Usage: python scripts/deadcode.py [PATH ...]   (default: helpers course)
 
-vulture reads helpers/, course/, scripts/ (make's own scripts use helpers too), the code cells of the English
+vulture reads helpers/, course/, scripts/ (make's own scripts use helpers too), conftest.py (a test session's
+guard, course/snapshots.py, is course tooling), the code cells of the English
 notebooks (written to a temporary folder: one file per notebook, one per ``%%writefile`` script, since the
 notebooks use helpers by name) and tests/deadcode_allowlist.py, the names vulture cannot see used, each with
 why. Tests do not count as a user: code that only a test uses belongs in the tests. What is unused in the
@@ -20,7 +21,7 @@ import vulture
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWLIST = ROOT / "tests" / "deadcode_allowlist.py"
 DEFAULT_PATHS = ("helpers", "course")
-READ = ("helpers", "course", "scripts")  # always read, whichever paths are checked
+READ = ("helpers", "course", "scripts", "conftest.py")  # always read, whichever paths are checked
 MIN_CONFIDENCE = 60
 IGNORE_DECORATORS = ["@checker"]  # an exercise's checker is found through its registration, never by name
 MAGIC = re.compile(r"^(\s*)[%!]")  # an IPython line magic or shell escape: not Python

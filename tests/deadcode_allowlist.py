@@ -44,3 +44,7 @@ USED_OUTSIDE_THE_COURSE = [
     _.previous_msgid,  # translation: a catalog entry's field, written out by polib
     _.occurrences,  # translation: a catalog entry's field, written out by polib
 ]
+
+USED_BY_MAKE_TEST = [
+    _.ONE_GPU_PATHS,  # gpu_check: the notebooks make test's 1-process gpu shape runs (tests/test_gpu_shape.py)
+]
