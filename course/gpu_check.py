@@ -144,7 +144,7 @@ def command(step: Job) -> str:
 @dataclass(frozen=True)
 class Plan:
     """What ``make gpu-check`` runs: a heading saying where, the environment, one step per notebook, and (as
-    comments) the ``swift sft`` notebook 09 runs with the seed's model and recipe on as many GPUs."""
+    comments) the ``swift sft`` notebook 09 runs with the original tutorial's model and recipe on as many GPUs."""
 
     heading: str
     env: dict[str, str]
@@ -160,9 +160,9 @@ class Plan:
 
 
 def plan(nproc: int, shape_on_cpu: bool = False, pretend: str | None = None, only=None,
-         illustrate_seed: bool = True) -> Plan:  # fmt: skip
+         illustrate_tutorial: bool = True) -> Plan:  # fmt: skip
     """The :class:`Plan` of ``make gpu-check`` on ``nproc`` GPUs (or in its gpu shape on the CPU), for every
-    notebook of GPU_CHECK or ``only`` those numbers. ``illustrate_seed`` adds the seed's ``swift sft``."""
+    notebook of GPU_CHECK or ``only`` those numbers. ``illustrate_tutorial`` adds the original tutorial's ``swift sft``."""
     from helpers import models, profiles, sft
 
     env = check_env(shape_on_cpu, pretend, nproc)
@@ -181,15 +181,15 @@ def plan(nproc: int, shape_on_cpu: bool = False, pretend: str | None = None, onl
         if notebook.name[:2] in numbers
     ]
     seed = []
-    if illustrate_seed:
+    if illustrate_tutorial:
         info = models.ModelInfo(
             name=profiles.GPU_DEFAULT_MODEL, path=profiles.GPU_DEFAULT_MODEL, source="ModelScope"
         )
-        recipe, note = sft.seed_recipe(
+        recipe, note = sft.tutorial_recipe(
             info, nproc, output_dir="build/outputs/self-cognition-seed", model_name=("小课", "XiaoKe"),
             model_author=("并行训练营", "Parallel Training Camp"), inherit=False,
         )  # fmt: skip
-        shown = f"# and what notebook 09 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the seed's model and recipe"
+        shown = f"# and what notebook 09 runs on {nproc} GPU{'s' if nproc > 1 else ''} with the original tutorial's model and recipe"
         seed.append(shown + (f" ({note})" if note else "") + ":")
         seed += ["#   " + line for line in sft.shell_command(recipe).splitlines()]
     return Plan(heading, env, steps, seed)

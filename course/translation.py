@@ -41,7 +41,7 @@ WRONG_FORMS: tuple[tuple[str, str], ...] = (
      "显存 for GPU memory (内存 is host RAM only)"),
     (r"(?<!Jupyter )(?<!操作系统)内核", "Jupyter 内核 or 操作系统内核 (a kernel is always qualified)"),
     (r"(?<!CUDA )核函数", "CUDA 核函数 (a kernel is always qualified)"),
-    (r"原始资料", "原教程 (the seed document)"),
+    (r"原始资料", "原教程 (the original ModelScope tutorial)"),
     (r"对损失是线性的", "求梯度是线性运算"),
     (r"主副本", "主权重 (master weights)"),
 )

@@ -37,14 +37,14 @@ One module per lesson concept, each explained in its notebook:
 - checkpoints   06: atomic checkpoints, resumed bit for bit after a killed worker
 - selfcog       09: the self-cognition data, its placeholders and the held-out questions
 - answering     09, 10: SWIFT's inference engine in the kernel, and the base model's own general answers
-- sft           09: `swift sft` as one plan (flags or SftArguments), the seed's recipe, SWIFT's logs
+- sft           09: `swift sft` as one plan (flags or SftArguments), the original tutorial's recipe, SWIFT's logs
 - lora          09, 10: a trained adapter checked, fingerprinted and recorded for notebook 10
 - scoring       09, 10: whole answers scored on the held-out questions, per language
 - web           09: SWIFT's Web-UI started, reached, mapped to flags and stopped
 - inference     10: the recorded adapter, swift export / infer flags, merged-vs-adapter logits, sizes, scores
 - devicemap     11: device_map placement planned and timed, DDP+device_map grouping as SWIFT does it
 - sharding      11: the ZeRO formulas and ring traffic that 11's script's measured bytes are checked against
-- troubleshooting 12: the seed's four tips reproduced, and debugging a hang
+- troubleshooting 12: the original tutorial's four tips reproduced, and debugging a hang
 """
 
 from helpers.errors import CourseError

@@ -276,7 +276,7 @@ class ThreadedDataParallel:
         run_in_threads(self.k, work)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> Trace:
-        """One training step on the global batch ``(x, y)``, following the seed's nine steps."""
+        """One training step on the global batch ``(x, y)``, following the original tutorial's nine steps."""
         k, trace = self.k, Trace(self.k)
         if len(x) < k:
             raise CourseError(f"a batch of {len(x)} rows cannot be split over {k} devices; use at least {k}.")

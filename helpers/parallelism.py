@@ -201,7 +201,7 @@ class Network:
 
 
 def parameter_server_all_reduce(grads: list[torch.Tensor], net: Network) -> list[torch.Tensor]:
-    """The seed's scheme: every worker sends its gradient to GPU0, which sums them (累加) and broadcasts (广播) the sum."""
+    """The original tutorial's scheme: every worker sends its gradient to GPU0, which sums them (累加) and broadcasts (广播) the sum."""
     total = grads[0].clone()
     for k in range(1, len(grads)):
         total += net.send(k, 0, grads[k])
@@ -226,11 +226,11 @@ def ring_all_reduce(grads: list[torch.Tensor], net: Network) -> list[torch.Tenso
     return [torch.cat(c) for c in chunks]
 
 
-SCHEMES = {"parameter server (seed: GPU0)": parameter_server_all_reduce, "ring all-reduce": ring_all_reduce}
+SCHEMES = {"parameter server (tutorial: GPU0)": parameter_server_all_reduce, "ring all-reduce": ring_all_reduce}
 
 
 def parameter_server_formula(workers: int, model_bytes: int) -> float:
-    """Busiest link of the seed's scheme: GPU0 receives (N-1) gradients and sends (N-1) copies."""
+    """Busiest link of the original tutorial's scheme: GPU0 receives (N-1) gradients and sends (N-1) copies."""
     return (workers - 1) * model_bytes
 
 

@@ -230,7 +230,7 @@ GOALS = Goals(
     {"name_zh": 0.8, "name_en": 0.8, "author_zh": 0.45, "author_en": 0.75, "general_kept": 0.8},
     measured=True, source="the committed cpu run, less two answers",
 )  # fmt: skip
-# Looser goals for the seed's recipe on a GPU (a 7B model, the hub's data, one epoch). Not yet measured on a
+# Looser goals for the original tutorial's recipe on a GPU (a 7B model, the hub's data, one epoch). Not yet measured on a
 # GPU, so 09 and 10 report them beside the scores and assert none; once a GPU run has reached them, set
 # measured=True and say which run in source.
 GPU_GOALS = Goals(

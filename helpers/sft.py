@@ -1,6 +1,6 @@
-"""Training with SWIFT (微调训练): one plan as `swift sft` flags or SftArguments, the seed's recipe, SWIFT's logs.
+"""Training with SWIFT (微调训练): one plan as `swift sft` flags or SftArguments, the original tutorial's recipe, SWIFT's logs.
 
-Training with SWIFT (微调训练): one plan as `swift sft` flags or as SftArguments keywords, the seed's recipe
+Training with SWIFT (微调训练): one plan as `swift sft` flags or as SftArguments keywords, the original tutorial's recipe
 for 1 to 8 GPUs, a run in a process of its own, and SWIFT's logs as curves."""
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def batch_split(global_batch: int, nproc: int, per_device_max: int = 4) -> tuple
     return per_device, per_process // per_device
 
 
-# SWIFT's self-cognition best practice for Qwen2.5-7B-Instruct on one 24 GB GPU (the seed links to it):
+# SWIFT's self-cognition best practice for Qwen2.5-7B-Instruct on one 24 GB GPU (the original tutorial links to it):
 # hub data, one epoch, LoRA rank 8 / alpha 32 on every linear layer, lr 1e-4 with 5% warm-up,
 # per-device batch 1 accumulated to a global batch of 16, sequences up to 2048 tokens, bf16 weights,
 # gradient checkpointing on, an explicit system prompt.
@@ -186,18 +186,18 @@ HUB_DATASETS = (
 SEED_GLOBAL_BATCH = 16
 
 
-DATASET_CHOICES = ("hub", "course")  # DATASETS = "hub": the seed's mix; "course": data/ in this repository
+DATASET_CHOICES = ("hub", "course")  # DATASETS = "hub": the original tutorial's mix; "course": data/ in this repository
 
 
 def choose_datasets(value, profile) -> str:
-    """``DATASETS``: "hub" (the seed's mix, downloaded) or "course" (data/ here); None: hub on gpu only."""
+    """``DATASETS``: "hub" (the original tutorial's mix, downloaded) or "course" (data/ here); None: hub on gpu only."""
     from helpers.profiles import check_choice
 
     chosen = value if value is not None else ("hub" if profile.name == "gpu" else "course")
     check_choice("DATASETS", chosen, DATASET_CHOICES)
     if chosen == "hub" and profile.name != "gpu":
         raise CourseError(
-            f"DATASETS = 'hub' downloads the seed's 1,500 rows, which only the gpu profile trains on; "
+            f"DATASETS = 'hub' downloads the original tutorial's 1,500 rows, which only the gpu profile trains on; "
             f"on {profile.name} choose 'course' or None."
         )
     return chosen
@@ -218,7 +218,7 @@ def nearest_accumulation(global_batch: int, nproc: int, per_device: int = 1) -> 
     )
 
 
-def seed_recipe(
+def tutorial_recipe(
     model,
     nproc: int,
     *,
@@ -235,8 +235,8 @@ def seed_recipe(
     dtype: str = "bfloat16",
     inherit: bool = True,
 ) -> tuple[SftPlan, str | None]:
-    """The seed's ``swift sft`` on ``nproc`` GPUs (one epoch unless ``steps`` is given), and the sentence
-    :func:`nearest_accumulation` says when the global batch had to change. The defaults are the seed's;
+    """The original tutorial's ``swift sft`` on ``nproc`` GPUs (one epoch unless ``steps`` is given), and the sentence
+    :func:`nearest_accumulation` says when the global batch had to change. The defaults are the original tutorial's;
     a notebook passes its own knobs (``GLOBAL_BATCH``, ``LEARNING_RATE``, ...) and the profile's dtype
     (float16 on a GPU without bf16). ``inherit=False``: the command for another machine's GPUs."""
     accum, note = nearest_accumulation(global_batch, nproc)
@@ -317,6 +317,19 @@ class RunLog:
     learning_rate: list[float]
     summary: dict  # train_runtime, train_samples_per_second, train_steps_per_second, train_loss
     last_checkpoint: Path | None
+    elapsed: list[float] = field(default_factory=list)  # seconds since training began, at each logged step
+
+    def step_seconds(self, last: int) -> list[float]:
+        """How long each of steps 2 to ``last`` took (logged every step). Step 1 is left out: it holds the
+        start-up. SWIFT logs ``train_speed(s/it)``, the seconds since training began over the steps done
+        (``add_train_message`` in swift/trainers/patcher.py), to six decimals; its ``elapsed_time`` is whole
+        seconds."""
+        ends = dict(zip(self.steps, self.elapsed, strict=True))
+        missing = [k for k in range(1, last + 1) if k not in ends]
+        if missing or last < 2:
+            raise CourseError(f"{self.output_dir} did not log every step up to {last} (missing {missing[:5]}); "
+                              "time steps from a run with --logging_steps 1 and at least 2 steps.")
+        return [ends[k] - ends[k - 1] for k in range(2, last + 1)]
 
     @property
     def final_loss(self) -> float:
@@ -390,6 +403,7 @@ def read_log(output_dir) -> RunLog:
         learning_rate=[float(curve[s].get("learning_rate", float("nan"))) for s in steps],
         summary=summary,
         last_checkpoint=last,
+        elapsed=[s * float(curve[s].get("train_speed(s/it)", float("nan"))) for s in steps],
     )
 
 

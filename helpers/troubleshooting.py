@@ -1,4 +1,4 @@
-"""Troubleshooting (小帖士): reproduce the seed's four tips, measure them, and debug a hang.
+"""Troubleshooting (小帖士): reproduce the original tutorial's four tips, measure them, and debug a hang.
 
 The pieces a lesson needs around its launched scripts: finding an error's key lines in a launch's
 output, a small offline chat dataset and SWIFT's training log, the stop tokens of SWIFT's templates,

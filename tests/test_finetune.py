@@ -590,7 +590,7 @@ GPU_MODEL = models.ModelInfo(name="Qwen2.5-7B-Instruct", path="Qwen/Qwen2.5-7B-I
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_the_gpu_commands_are_the_seeds_recipe_and_swift_parses_every_flag(tmp_path, gpus, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    plan, note = sft.seed_recipe(
+    plan, note = sft.tutorial_recipe(
         GPU_MODEL, gpus, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR
     )
     assert note is None  # 16 divides over 1, 2, 4 and 8 GPUs
@@ -751,3 +751,22 @@ def test_a_web_ui_that_gradio_gave_up_on_is_started_once_more(monkeypatch, tmp_p
                 assert attempts.read_text() == "xx"
         finally:
             assert ui.stop() == 0
+
+
+def test_step_seconds_come_from_swifts_running_speed_and_leave_out_step_one(tmp_path):
+    """09 compares equal work: steps 2..k of each run, from SWIFT's train_speed(s/it) (elapsed over steps
+    done, six decimals) rather than its whole-second elapsed_time; a run that did not log every step says so."""
+    import pytest
+
+    from helpers.errors import CourseError
+
+    ends = [3.0, 3.5, 4.25, 4.75]  # step 1 holds 3 s of start-up
+    rows = [{"loss": 1.0, "global_step/max_steps": f"{k}/4", "train_speed(s/it)": round(e / k, 6)}
+            for k, e in enumerate(ends, 1)]  # fmt: skip
+    (tmp_path / "logging.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    log = sft.read_log(tmp_path)
+    assert log.step_seconds(4) == pytest.approx([0.5, 0.75, 0.5], abs=1e-5)
+    assert log.step_seconds(2) == pytest.approx([0.5], abs=1e-5)
+    (tmp_path / "logging.jsonl").write_text("\n".join(json.dumps(r) for r in rows[::2]) + "\n")
+    with pytest.raises(CourseError, match="did not log every step"):
+        sft.read_log(tmp_path).step_seconds(3)

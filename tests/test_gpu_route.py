@@ -46,7 +46,7 @@ def test_every_launcher_passes_the_gpus_this_process_was_given(monkeypatch):
     assert launching.gpu_env(1) == {"CUDA_VISIBLE_DEVICES": "4"}
     assert launching.gpu_env(2) == {"CUDA_VISIBLE_DEVICES": "4,5", "NPROC_PER_NODE": "2"}
     assert launching.gpu_env(1, torchrun=True) == {"CUDA_VISIBLE_DEVICES": "4", "NPROC_PER_NODE": "1"}
-    plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
+    plan, _ = sft.tutorial_recipe(HUB_MODEL, 2, output_dir="out", model_name=NAME, model_author=AUTHOR)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "4,5"}
     assert dataclasses.replace(plan, nproc=1).env() == {"CUDA_VISIBLE_DEVICES": "4"}  # 09's one-process run
     assert sft.shell_command(plan).startswith("CUDA_VISIBLE_DEVICES=4,5 NPROC_PER_NODE=2 swift sft")
@@ -66,7 +66,7 @@ def test_without_the_variable_the_gpus_are_0_to_n_and_a_command_for_another_mach
     assert launching.visible_gpus(3) == ["0", "1", "2"] and launching.visible_gpus(2, first=2) == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert launching.gpu_env(8, inherit=False)["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
-    plan, _ = sft.seed_recipe(HUB_MODEL, 8, output_dir="o", model_name=NAME, model_author=AUTHOR, inherit=False)
+    plan, _ = sft.tutorial_recipe(HUB_MODEL, 8, output_dir="o", model_name=NAME, model_author=AUTHOR, inherit=False)
     assert plan.env() == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
 
 
@@ -112,7 +112,7 @@ def test_a_gpu_without_bf16_trains_merges_and_answers_in_float16():
     from swift.arguments import ExportArguments, InferArguments
 
     profile = gpu_profile(1, dtype="float16")
-    plan, _ = sft.seed_recipe(HUB_MODEL, 1, output_dir="o", model_name=NAME, model_author=AUTHOR,
+    plan, _ = sft.tutorial_recipe(HUB_MODEL, 1, output_dir="o", model_name=NAME, model_author=AUTHOR,
                                    dtype=profile.dtype)  # fmt: skip  (09)
     assert swift_cli.parse(sft.shell_command(plan), SftArguments)["torch_dtype"] == "float16"
     shown = inference.gpu_commands("Qwen/Qwen2.5-7B-Instruct", None, 16, profile.dtype)  # 10
@@ -199,7 +199,7 @@ def test_the_route_says_what_it_needs_when_there_is_room(tmp_path, monkeypatch):
 def test_the_gpu_recipe_takes_the_notebooks_knobs_and_leaves_use_reentrant_to_swift():
     from swift import SftArguments
 
-    plan, note = sft.seed_recipe(
+    plan, note = sft.tutorial_recipe(
         HUB_MODEL, 2, output_dir="o", model_name=NAME, model_author=AUTHOR, global_batch=8,
         learning_rate=3e-4, max_length=1024, gradient_checkpointing=False, dtype="float16",
     )  # fmt: skip
@@ -227,7 +227,7 @@ def test_a_run_of_sft_main_in_its_own_process_gets_its_keywords_and_gpus(tmp_pat
         "json.dump({'last_model_checkpoint': kwargs['output_dir'], 'pid': os.getpid(),\n"
         "           'visible': os.environ.get('CUDA_VISIBLE_DEVICES'), 'seed': kwargs['seed']}, open(sys.argv[2], 'w'))\n"
     )
-    plan, _ = sft.seed_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
+    plan, _ = sft.tutorial_recipe(HUB_MODEL, 2, output_dir=tmp_path / "v1", model_name=NAME, model_author=AUTHOR)
     got = sft.sft_process(dataclasses.replace(plan, nproc=1, seed=7).kwargs(), script, gpus=1, timeout=60)
     assert got["last_model_checkpoint"] == str(tmp_path / "v1") and got["seed"] == 7
     assert got["visible"] == "4" and got["pid"] != __import__("os").getpid()

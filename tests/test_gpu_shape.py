@@ -1,7 +1,7 @@
 """`make gpu-check SHAPE_ON_CPU=1 NPROC=2 PRETEND=h100` and `NPROC=1 PRETEND=rtx3090 ONLY="09 11 12"`: exactly
 what `make gpu-check` runs on two GPUs and on one (the steps of gpu_check's plan: notebooks, parameters, the
 printed commands), in the gpu shape on the CPU, with torch believing those cards are there:
-COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the seed's recipe (bf16, gradient
+COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the original tutorial's recipe (bf16, gradient
 checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. The 2-process run holds
 every notebook of GPU_CHECK; the 1-process run the notebooks whose gpu path on one GPU is not their path on two
 (gpu_check.ONE_GPU_PATHS, which tests/test_gpu_check.py holds to the notebooks' code): no notebook runs more

@@ -58,7 +58,7 @@ def _combine_shards(combine):
 
 @checker("01.2")
 def _traffic_at_eight(answer):
-    """(GB each ring worker sends, GB GPU0 receives in the seed's scheme) for N = 8 and 1 GB of gradients."""
+    """(GB each ring worker sends, GB GPU0 receives in the original tutorial's scheme) for N = 8 and 1 GB of gradients."""
     ring_gb, ps_gb = items(answer, "your answer is", 2, what="a tuple (ring_gb, gpu0_gb)")
     ring_gb, ps_gb = number(ring_gb, "ring_gb is", "GB"), number(ps_gb, "gpu0_gb is", "GB")
     numel = 250_000_000  # 1 GB of fp32 gradients, simulated on the meta device: only sizes matter
@@ -94,7 +94,7 @@ def _traffic_at_eight(answer):
         )
     return (
         True,
-        f"ring: {want_ring:g} GB per worker and link; GPU0 in the seed's scheme: {want_ps:g} GB in and out.",
+        f"ring: {want_ring:g} GB per worker and link; GPU0 in the original tutorial's scheme: {want_ps:g} GB in and out.",
     )
 
 
