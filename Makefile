@@ -121,8 +121,8 @@ refresh: setup
 	@$(BIN)/python -m course.runner refresh $(if $(ONLY),--only $(ONLY))
 
 clean:
-	rm -rf build/executed build/html build/logs build/launches build/refresh \
-		build/report.md build/report.json build/index.html
+	rm -rf build/executed build/logs build/launches build/refresh \
+		build/report.md build/report.json
 	@echo "Removed the run outputs in build/. Kept build/models (converted models), build/outputs"
 	@echo "(adapters, checkpoints, merged models you trained) and build/scripts (the scripts the notebooks"
 	@echo "write, and yours: 06.3's my_ddp_train.py): delete those by hand if you mean to."
