@@ -22,10 +22,6 @@ def source(cell):
     return "".join(cell["source"])
 
 
-def test_there_are_notebooks():
-    assert any(nb.name.startswith("08_environment_setup") for nb in NOTEBOOKS)
-
-
 def test_no_error_outputs(notebook):
     errors = [o for c in code_cells(notebook) for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert errors == []

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import types
-from pathlib import Path
 
 import pytest
 import swift_cli
@@ -11,7 +10,6 @@ import swift_cli
 from conftest import notebook_cell
 from helpers import answering, lora, models, paths, scoring, selfcog, sft, web
 from helpers.errors import CourseError
-from helpers.exercises import check
 
 NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
 
@@ -539,26 +537,6 @@ def test_heldout_rows_say_what_they_ask_and_how_to_score():
 
 
 # --- exercises ---------------------------------------------------------------------------------------
-
-
-def test_exercise_09_1():
-    assert check("09.1", lambda g, n, p: g // (n * p))
-    assert not check("09.1", lambda g, n, p: g // n)
-
-
-def test_exercise_09_2():
-    assert check("09.2", selfcog.fill_placeholders)
-    assert not check("09.2", lambda row, name, author: selfcog.fill_placeholders(row, name[::-1], author[::-1]))
-
-
-def test_exercise_09_3():
-    def last_logged(path):
-        lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
-        steps = [x for x in lines if "loss" in x and "train_runtime" not in x and "log_history" not in x]
-        return int(steps[-1]["global_step/max_steps"].split("/")[0]), steps[-1]["loss"]
-
-    assert check("09.3", last_logged)
-    assert not check("09.3", lambda path: (3, 1.5))  # the summary's train_loss is not a step
 
 
 def test_an_interrupted_general_build_leaves_nothing_that_looks_finished(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ import swift_cli
 from conftest import notebook_cell
 from helpers import answering, inference, lora, models, paths, selfcog
 from helpers.errors import CourseError
-from helpers.exercises import check
 
 NAME, AUTHOR = ("小课", "XiaoKe"), ("并行训练营", "Parallel Training Camp")
 INFO = models.ModelInfo("m", "/models/m", "test", model_type="llama", template="chatml")
@@ -430,21 +429,6 @@ def test_same_answers_counts_equal_texts():
 
 
 # --- exercises -----------------------------------------------------------------------------------------------
-
-
-def test_exercise_10_1():
-    assert check("10.1", lambda W, A, B, alpha, r: W + (alpha / r) * B @ A)
-    assert not check("10.1", lambda W, A, B, alpha, r: W + B @ A)  # the alpha / r scale forgotten
-    assert not check("10.1", lambda W, A, B, alpha, r: W + (r / alpha) * B @ A)  # the scale upside down
-
-
-def test_exercise_10_2():
-    def answers_from(path):
-        rows = [json.loads(x) for x in open(path, encoding="utf-8")]
-        return {[m for m in r["messages"] if m["role"] == "user"][-1]["content"]: r["response"] for r in rows}
-
-    assert check("10.2", answers_from)
-    assert not check("10.2", lambda path: {json.loads(x)["messages"][0]["content"]: "" for x in open(path)})
 
 
 def test_the_merge_keeps_the_base_models_saved_dtype(tmp_path):

@@ -59,15 +59,16 @@ def test_success_returns_each_rank_result_and_shows_the_command(script, capsys):
 
 
 def test_a_failing_rank_becomes_an_exception_with_its_code_and_traceback(script):
-    start = time.monotonic()
+    start, timeout = time.monotonic(), 120
     with pytest.raises(launching.LaunchError) as info:
-        launching.torchrun(script, "raise", nproc=2, timeout=60, show=False)
+        launching.torchrun(script, "raise", nproc=2, timeout=timeout, show=False)
     err = info.value
+    assert not isinstance(err, launching.LaunchTimeout)
     assert (err.rank, err.exitcode) == (1, 1)
     assert "rank 1 failed with exit code 1" in str(err)
     assert "ValueError: rank one is unhappy" in str(err)
     assert any(line.startswith("Traceback") for line in err.tail)
-    assert time.monotonic() - start < 30  # reported within seconds, not at the timeout
+    assert time.monotonic() - start < timeout / 4  # reported when the rank fails, long before the timeout
 
 
 def test_a_hang_past_the_timeout_is_stopped(script):
@@ -75,7 +76,7 @@ def test_a_hang_past_the_timeout_is_stopped(script):
     start = time.monotonic()
     with pytest.raises(launching.LaunchTimeout, match="did not finish within 20 s") as info:
         launching.torchrun(script, "hang", nproc=2, timeout=20, show=False)
-    assert time.monotonic() - start < 20 + 15  # stopped at the timeout, not left to run
+    assert time.monotonic() - start < 2 * 20  # stopped at the timeout, not left to run
     assert "ready" in str(info.value)
 
 
@@ -150,13 +151,6 @@ def test_swift_with_several_processes_sets_torchrun_options(build, monkeypatch):
     assert "PET_TEE=3" in command and command.endswith("swift sft --model x")
     assert swiftcli.prepare_swift("infer", "--model", "x").command == "swift infer --model x"
 
-
-def test_free_ports_are_free():
-    import socket
-
-    port = launching.free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
 
 
 TEARDOWN = textwrap.dedent(
