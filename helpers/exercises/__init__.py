@@ -289,9 +289,10 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
     results, port = context.Queue(), free_port()
 
     def rank_main(rank):
+        import torch.distributed as dist
+
         try:
             import torch
-            import torch.distributed as dist
 
             torch.set_num_threads(1)  # the fork copies no thread pool: stay single-threaded in the child
             dist.init_process_group(
@@ -302,22 +303,23 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
             # slow peer is still connecting, which then reports gloo's "Connection closed by peer" instead of
             # its own error (seen on a loaded 2-core machine)
             dist.barrier()
-            try:
-                results.put((rank, True, fn(rank, world)))
-            finally:
-                dist.destroy_process_group()
+            report = (rank, True, fn(rank, world))
         except NotAnswered as none:
-            results.put((rank, None, str(none)))
+            report = (rank, None, str(none))
         except Wrong as wrong:  # the checker's own verdict on this rank, already one sentence
-            results.put((rank, "wrong", str(wrong)))
+            report = (rank, "wrong", str(wrong))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, whatever it was
             frames = traceback.extract_tb(exc.__traceback__)
             mine = [f for f in frames if "site-packages" not in f.filename and "/helpers/" not in f.filename]
             where = (mine or frames)[-1]  # the deepest line of the learner's own code, when there is one
-            results.put((rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})"))
-        finally:
+            report = (rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})")
+        try:
+            results.put(report)  # heard before the teardown, which can wait on a peer still in a collective
             results.close()
-            results.join_thread()  # the result is in the pipe before the process ends
+            results.join_thread()  # the result is in the pipe before the group goes
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
             os._exit(0)  # leave at once: the kernel's exit handlers belong to the parent
 
     ranks = [context.Process(target=rank_main, args=(r,), daemon=True) for r in range(world)]
