@@ -7,16 +7,6 @@ import statistics
 from helpers.bytecount import human_bytes
 
 
-def make_batch(widths, batch: int, rank: int, device):
-    """Random inputs and targets, different on every rank (each rank reads its own shard of data)."""
-    import torch
-
-    g = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(batch, widths[0], generator=g).to(device)
-    y = torch.randn(batch, widths[-1], generator=g).to(device)
-    return x, y
-
-
 def step_spans(step: dict, wire_seconds=None) -> list[dict]:
     """A timed step as bars for ``helpers.plots.timeline``: compute on one lane, each bucket on its own.
 

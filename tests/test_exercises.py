@@ -1554,3 +1554,84 @@ def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(nam
         checked += "check" in names
     assert checked == 1
     assert capsys.readouterr().out == f"Exercise {name}: ✅ the reference solution passes the checker.\n"
+
+
+# Where a lesson's own code holds an exercise's answer: text that no code cell may hold before the exercise
+# is asked (the scripts its cells write included). Each must still occur in the notebook after it.
+ANSWER_HOLDERS = {
+    "03.3": ["def ring_all_reduce("],  # the course's ring, in ring_by_hand.py
+    "04.1": ["bucketing.expected_buckets(", "bucketing.predict_buckets("],  # torch's bucket rule
+    "05.1": ["class TinyDDP"],  # the course's TinyDDP, in tiny_ddp.py
+    "09.2": ["selfcog.fill_placeholders("],  # SWIFT's placeholders, filled
+}
+BOILERPLATE = 4  # a script written from scratch (06.3) may share up to a quarter of its lines with the lesson's
+
+
+def exercises_as_met():
+    """(exercise, the code cells before it is asked, its learner cell, its solution cell, the cells after)."""
+    import nbformat
+
+    from course.runner import course_notebooks
+
+    for path in course_notebooks():
+        cells = nbformat.read(path, as_version=4).cells
+        for i, cell in enumerate(cells):
+            asked = re.search(r"\*\*(\d\d\.\d)\*\*", cell.source) if cell.cell_type == "markdown" else None
+            if not asked or not re.match(r"(## Exercises?\s+)?\*\*\d\d\.\d\*\*", cell.source):
+                continue
+            code = [c for c in cells[i:] if c.cell_type == "code"]
+            k = next(k for k, c in enumerate(code) if "solution" in c.metadata.get("tags", []))
+            learner, solution = "\n".join(c.source for c in code[:k]), code[k].source  # 06.3: a skeleton, a check
+            before = [c.source for c in cells[:i] if c.cell_type == "code"]
+            later = [c.source for c in cells[i:]]
+            yield pytest.param(asked[1], before, learner, solution, later, id=asked[1])
+
+
+def _lines(source: str) -> list[str]:
+    """The lines of ``source`` that say something: not short, not a comment, a def, an import or a check."""
+    lines = [" ".join(line.split()) for line in source.splitlines()]
+    skip = ("#", "def ", "return ", '"""', "import ", "from ", "assert check(", "check(")
+    return [line for line in lines if len(line) >= 25 and not line.startswith(skip)]
+
+
+@pytest.mark.parametrize("name, before, learner, solution, later", list(exercises_as_met()))
+def test_no_exercise_is_answered_before_it_is_asked(name, before, learner, solution, later):
+    earlier = "\n".join(before)
+    for fn in re.findall(r"^def (\w+)\(", learner, flags=re.M):
+        assert f"def {fn}(" not in earlier, f"{name}: a cell before the exercise defines {fn}, the answer"
+    seen = {" ".join(line.split()) for line in earlier.splitlines()}
+    key = _lines(solution)
+    shown = [line for line in key if line in seen]
+    assert len(shown) * BOILERPLATE <= len(key), f"{name}: the solution's lines are on the page before it: {shown}"
+    for text in ANSWER_HOLDERS.get(name, []):
+        assert text not in earlier, f"{name}: `{text}` holds the answer and runs before the exercise is asked"
+        assert text in "\n".join(later), f"{name}: `{text}` is no longer in the notebook: update ANSWER_HOLDERS"
+
+
+def test_the_order_check_catches_an_answer_shown_first():
+    """The check above, fed 03.3 as it was: the course's ring in the script of section 1, before the exercise."""
+    [(_, _, learner, solution, later)] = [p.values for p in exercises_as_met() if p.values[0] == "03.3"]
+    script = next(text for text in later if "def ring_all_reduce(" in text and text.startswith("%%writefile"))
+    with pytest.raises(AssertionError, match="defines ring_all_reduce"):
+        test_no_exercise_is_answered_before_it_is_asked("03.3", [script], learner, solution, later)
+    with pytest.raises(AssertionError, match="on the page before it"):  # the solution's own lines, renamed
+        test_no_exercise_is_answered_before_it_is_asked("03.3", [solution.replace("_solution(", "_ref(")], "", solution, later)
+    with pytest.raises(AssertionError, match="fill_placeholders"):
+        test_no_exercise_is_answered_before_it_is_asked("09.2", ["selfcog.fill_placeholders(r, name, author)"], "", "", later)
+
+
+def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps():
+    import nbformat
+
+    from course import student
+    from course.runner import course_notebooks
+
+    asked = {}
+    for path in course_notebooks():
+        for cell in student.student_copy(nbformat.read(path, as_version=4)).cells:
+            found = re.search(r"\*\*(\d\d\.\d)\*\* \*\(about \d+ min\)\*", cell.source) if cell.cell_type == "markdown" else None
+            if found:
+                asked[found[1]] = cell.source
+    assert sorted(asked) == exercises.registered()
+    without = [name for name, text in asked.items() if not re.search(r"<details><summary>Hint</summary>\n\n\S", text)]
+    assert not without, f"exercises without a hint: {without}"

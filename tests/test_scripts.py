@@ -4,10 +4,14 @@ meant to leave the course: each imports only torch, the standard library, other 
 but itself and the scripts it imports, and writes its own ``results/rank<N>.json``."""
 
 import ast
+import atexit
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -37,7 +41,8 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "tiny_ddp.py": (3, ["--parts", "check", "--backend", "gloo"]),
     "ddp_practice.py": (2, ["--samples", "64", "--hidden", "32", "--batch", "8", "--epochs", "2"]),
     "ddp_settings.py": (2, ["--steps", "4"]),
-    "collectives_and_ring.py": (2, ["--largest-mib", "1", "--repeats", "2"]),
+    "collectives.py": (2, []),
+    "ring_by_hand.py": (2, ["--largest-mib", "1", "--repeats", "2"]),
     "inside_construction.py": (2, []),
     "inside_buckets.py": (2, ["--caps", "0.1", "1"]),
     "inside_collectives.py": (2, []),
@@ -53,6 +58,7 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
 TEACHES = {"sharded_train.py": {"deepspeed"}}  # the library a script's lesson is about, beside torch
 LESSON_SCRIPTS = ("01", "02", "03", "04", "05", "06", "07")  # every script these notebooks write is one to take away...
 SKELETONS = {"my_ddp_train.py"}  # ...but the start of exercise 06.3, which the learner finishes
+MODULES = {"inside_common.py"}  # ...and what 04's scripts share, which runs inside each of them
 
 
 def top_level_imports(source: str) -> set[str]:
@@ -76,8 +82,20 @@ def siblings(name: str) -> set[str]:
     return found
 
 
+@functools.cache
+def scripts_folder() -> Path:
+    """Every written script in one folder on ``sys.path``, so that a loaded script imports the ones beside it."""
+    folder = Path(tempfile.mkdtemp(prefix="course-scripts-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    for name, text in SCRIPTS.items():
+        (folder / name).write_text(text)
+    sys.path.insert(0, str(folder))
+    return folder
+
+
 def load_script(name: str) -> types.ModuleType:
     """A written script as a module, its ``__main__`` block not run: for unit tests of its functions."""
+    scripts_folder()
     module = types.ModuleType(name.removesuffix(".py"))
     module.__file__ = name
     exec(compile(SCRIPTS[name], name, "exec"), module.__dict__)
@@ -96,7 +114,7 @@ def test_every_script_of_the_ddp_lessons_is_one_to_take_away():
                 if cell.cell_type == "code" and cell.source.startswith("%%writefile"):
                     lessons.add(cell.source.partition("\n")[0].split("/")[-1].strip())
     assert len(lessons) > 10
-    assert lessons - SKELETONS <= set(TAKE_AWAY), sorted(lessons - SKELETONS - set(TAKE_AWAY))
+    assert lessons - SKELETONS - MODULES <= set(TAKE_AWAY), sorted(lessons - SKELETONS - MODULES - set(TAKE_AWAY))
 
 
 @pytest.mark.parametrize("name", sorted(TAKE_AWAY))
@@ -120,8 +138,9 @@ def test_a_take_away_script_runs_under_plain_torchrun(name, tmp_path):
 
 
 def test_a_script_takes_along_the_scripts_it_imports_and_nothing_else():
-    assert siblings("lab_overlap.py") == {"inside_overlap.py"}
-    assert siblings("inside_overlap.py") == set()
+    assert siblings("lab_overlap.py") == {"inside_overlap.py", "inside_common.py"}
+    assert siblings("inside_overlap.py") == {"inside_common.py"}
+    assert siblings("inside_common.py") == set()
 
 
 def test_a_later_lesson_writes_a_script_from_the_lesson_that_teaches_it(tmp_path):
