@@ -11,13 +11,18 @@ README_ZH = paths.ROOT / "README.zh-CN.md"
 ROW = re.compile(r"^\| (\d\d) \| .*\| (?:about|约) (\d+) (?:min|分钟) \| (\d+) (?:s|秒) \|$", re.M)
 
 
+STATED = re.compile(r"\*\*(\d\d\.\d)\*\* \*\(about (\d+) min\)\*")  # "**03.3** *(about 25 min)*"
+
+
 def learner_minutes(notebook) -> float:
-    """The README's estimate: prose at 150 words a minute, a minute per code cell, eight per exercise."""
+    """The README's estimate: prose at 150 words a minute, a minute per code cell, each exercise's stated minutes."""
     cells = json.loads(notebook.read_text())["cells"]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = set(re.findall(r'check\("(\d\d\.\d+)"', "\n".join("".join(c["source"]) for c in cells)))
-    return words / 150 + code + 8 * len(exercises)
+    stated = dict(STATED.findall("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")))
+    assert set(stated) == exercises, f"{notebook.name}: exercises that state no minutes: {sorted(exercises - set(stated))}"
+    return words / 150 + code + sum(int(minutes) for minutes in stated.values())
 
 
 def test_the_readme_is_a_landing_page_that_says_how_to_start_first():
