@@ -1622,6 +1622,7 @@ def test_the_order_check_catches_an_answer_shown_first():
 
 def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps():
     import nbformat
+    from test_front_door import STATED
 
     from course import student
     from course.runner import course_notebooks
@@ -1629,7 +1630,7 @@ def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps
     asked = {}
     for path in course_notebooks():
         for cell in student.student_copy(nbformat.read(path, as_version=4)).cells:
-            found = re.search(r"\*\*(\d\d\.\d)\*\* \*\(about \d+ min\)\*", cell.source) if cell.cell_type == "markdown" else None
+            found = STATED.search(cell.source) if cell.cell_type == "markdown" else None
             if found:
                 asked[found[1]] = cell.source
     assert sorted(asked) == exercises.registered()

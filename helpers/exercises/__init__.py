@@ -314,7 +314,9 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
             where = (mine or frames)[-1]  # the deepest line of the learner's own code, when there is one
             report = (rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})")
         try:
-            results.put(report)  # heard before the teardown, which can wait on a peer still in a collective
+            # heard before the teardown: destroy_process_group waits for a group's pending works when it has
+            # completion hooks (pg._wait_for_pending_works() in torch 2.13), then shuts the backend down
+            results.put(report)
             results.close()
             results.join_thread()  # the result is in the pipe before the group goes
             if dist.is_initialized():
