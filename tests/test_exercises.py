@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors import safe_open
+from test_front_door import STATED
 from torch.utils.data import DistributedSampler
 
 from helpers import (
@@ -138,7 +140,9 @@ def average_hook(state, bucket):
 def average_hook_after(state, bucket):
     """Sums first, divides the sum in the callback."""
     world = dist.get_world_size()
-    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0] / world)
+    return (
+        dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0] / world)
+    )
 
 
 def average_hook_in_buffer(state, bucket):
@@ -156,7 +160,9 @@ def average_hook_in_buffer(state, bucket):
 
 def average_hook_for_two(state, bucket):
     """Divides by 2, the number of ranks it was tried on."""
-    return dist.all_reduce(bucket.buffer().div_(2), async_op=True).get_future().then(lambda fut: fut.value()[0])
+    return (
+        dist.all_reduce(bucket.buffer().div_(2), async_op=True).get_future().then(lambda fut: fut.value()[0])
+    )
 
 
 def average_hook_twice(state, bucket):
@@ -184,7 +190,9 @@ def ring_all_reduce(tensor):
             send = (rank - step + (phase == "all-gather")) % world
             recv = (send - 1) % world
             incoming = torch.empty_like(chunks[recv])
-            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, chunks[send], right), dist.P2POp(dist.irecv, incoming, left)]):
+            for work in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, chunks[send], right), dist.P2POp(dist.irecv, incoming, left)]
+            ):
                 work.wait()
             chunks[recv] = chunks[recv] + incoming if phase == "reduce-scatter" else incoming
     return torch.cat(chunks)
@@ -618,7 +626,11 @@ def fp16_hook_new_tensor(state, bucket):
 def fp16_hook_for_two(state, bucket):
     """Divides by 2, the number of ranks it was tried on."""
     compressed = bucket.buffer().to(torch.float16).div_(2)
-    return dist.all_reduce(compressed, async_op=True).get_future().then(lambda f: bucket.buffer().copy_(f.value()[0]))
+    return (
+        dist.all_reduce(compressed, async_op=True)
+        .get_future()
+        .then(lambda f: bucket.buffer().copy_(f.value()[0]))
+    )
 
 
 def fp16_hook_blocking(state, bucket):
@@ -666,7 +678,9 @@ def checkpoint_plain_save(path, model, optimizer, step=None, guard=True, barrier
         if barrier == "before":
             dist.barrier()
         if dist.get_rank() == 0 or not guard:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+            torch.save(
+                {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path
+            )
         if barrier == "after":
             dist.barrier()
         return None
@@ -724,6 +738,68 @@ def last_logged(path, step_of=lambda entry: int(entry["global_step/max_steps"].s
     return step_of(steps[-1]), float(steps[-1]["loss"])
 
 
+def merge_scale(base_dir, adapter_dir, merged_dir, subtract_w=True, from_weights=True, ratio=False):
+    """10.3: the s of merged = W + s·B·A, pooled least squares over every adapted weight; the keywords make
+    the learners' mistakes: the config's alpha/r, M fitted instead of M - W, an element-wise ratio."""
+    from safetensors import safe_open
+
+    if not from_weights:
+        config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+        return config["lora_alpha"] / config["r"]
+    base, lora, merged = [{name: handle for file in sorted(Path(folder).glob("*.safetensors"))
+                           for handle in [safe_open(file, "pt")] for name in handle.keys()}
+                          for folder in (base_dir, adapter_dir, merged_dir)]  # fmt: skip
+    along = across = 0.0
+    ratios = []
+    for key in (k for k in lora if k.endswith(".lora_A.weight")):
+        name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+        key_b = key.replace("lora_A", "lora_B")
+        update = lora[key_b].get_tensor(key_b).double() @ lora[key].get_tensor(key).double()
+        change = merged[name].get_tensor(name).double() - subtract_w * base[name].get_tensor(name).double()
+        along, across = along + float((change * update).sum()), across + float((update * update).sum())
+        ratios.append(float((change / update).mean()))
+    return sum(ratios) / len(ratios) if ratio else along / across
+
+
+def merge_scale_by_lstsq(base_dir, adapter_dir, merged_dir):
+    """10.3 another way: every tensor loaded (load_file), one lstsq over all adapted weights' entries."""
+    from safetensors.torch import load_file
+
+    def load(folder):
+        tensors = {}
+        for file in Path(folder).glob("*.safetensors"):
+            tensors.update(load_file(file))
+        return tensors
+
+    base, lora, merged = load(base_dir), load(adapter_dir), load(merged_dir)
+    updates, changes = [], []
+    for key in lora:
+        if "lora_A" in key:
+            name = key[len("base_model.model.") :].replace(".lora_A", "")
+            updates.append((lora[key.replace("lora_A", "lora_B")].double() @ lora[key].double()).flatten())
+            changes.append((merged[name].double() - base[name].double()).flatten())
+    return torch.linalg.lstsq(torch.cat(updates)[:, None], torch.cat(changes)[:, None]).solution.item()
+
+
+def merge_scale_median_of_layers(base_dir, adapter_dir, merged_dir):
+    """10.3 another way: one fit per adapted weight in float32, their median as a numpy float."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    def load(folder):
+        return {
+            k: v.float().numpy() for f in Path(folder).glob("*.safetensors") for k, v in load_file(f).items()
+        }
+
+    base, lora, merged = load(base_dir), load(adapter_dir), load(merged_dir)
+    fits = []
+    for key in sorted(k for k in lora if k.endswith("lora_A.weight")):
+        name = key.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight")
+        update = (lora[key.replace("lora_A", "lora_B")] @ lora[key]).ravel()
+        fits.append(update @ (merged[name] - base[name]).ravel() / (update @ update))
+    return np.median(fits)
+
+
 def answers_from(path, pick=-1, keep_all=True):
     out = {}
     for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -764,7 +840,6 @@ def ckpt(layers, layer_mb, input_mb, checkpointed):
     return layers * input_mb + layer_mb if checkpointed else layers * layer_mb
 
 
-
 class Script(os.PathLike):
     """A learner's script for 06.3, given as its text: written under the test's build folder when the checker
     opens it."""
@@ -775,7 +850,9 @@ class Script(os.PathLike):
     def __fspath__(self) -> str:
         import hashlib
 
-        path = paths.run_dir("exercise-04.8") / f"script-{hashlib.sha1(self.text.encode()).hexdigest()[:10]}.py"
+        path = (
+            paths.run_dir("exercise-04.8") / f"script-{hashlib.sha1(self.text.encode()).hexdigest()[:10]}.py"
+        )
         path.write_text(self.text)
         return str(path)
 
@@ -786,7 +863,9 @@ def _solution_06_3() -> str:
 
     import nbformat
 
-    [cell] = [c for c in nbformat.read(NOTEBOOKS / "06_ddp_in_practice.ipynb", as_version=4).cells if c.id == "c42p"]
+    [cell] = [
+        c for c in nbformat.read(NOTEBOOKS / "06_ddp_in_practice.ipynb", as_version=4).cells if c.id == "c42p"
+    ]
     [assign] = [n for n in ast.parse(cell.source).body if isinstance(n, ast.Assign)]
     return ast.literal_eval(assign.value)
 
@@ -802,15 +881,20 @@ def ddp_script(**change) -> Script:
         text = text.replace(old, new)
     return Script(text)
 
-SCRIPT_EVERY_RANK_SAVES = ddp_script(**{
-    "if dist.get_rank() == 0:  # every rank holds the same weights: one writer\n    torch.save": "torch.save",
-    "dist.barrier()\n": "",
-})
-SCRIPT_BY_HAND_BATCHES = ddp_script(**{
-    "loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)\n": "",
-    "    for x, y in loader:\n": "    mine = list(sampler)\n    for start in range(0, len(mine), args.batch):\n"
-                                   "        x, y = dataset[mine[start : start + args.batch]]\n",
-})
+
+SCRIPT_EVERY_RANK_SAVES = ddp_script(
+    **{
+        "if dist.get_rank() == 0:  # every rank holds the same weights: one writer\n    torch.save": "torch.save",
+        "dist.barrier()\n": "",
+    }
+)
+SCRIPT_BY_HAND_BATCHES = ddp_script(
+    **{
+        "loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)\n": "",
+        "    for x, y in loader:\n": "    mine = list(sampler)\n    for start in range(0, len(mine), args.batch):\n"
+        "        x, y = dataset[mine[start : start + args.batch]]\n",
+    }
+)
 SCRIPT_RANK_FROM_ENVIRONMENT = ddp_script(**{
     "import argparse": "import argparse\nimport os",
     "optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)": "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)",
@@ -999,7 +1083,10 @@ EXERCISES = {
             (lambda net, opt, mb: accumulation_step(net, opt, mb, step=False), "optimizer.step()"),
             (lambda net, opt, mb: [accumulation_step(net, opt, [m]) for m in mb], "not 1"),
             (lambda net, opt, mb: accumulation_step(net, opt, mb, zero="never"), "zero_grad"),
-            (lambda net, opt, mb: accumulation_step(net, opt, mb, zero="every micro-batch"), "only the last micro-batch"),
+            (
+                lambda net, opt, mb: accumulation_step(net, opt, mb, zero="every micro-batch"),
+                "only the last micro-batch",
+            ),
             (one_loss_for_all, "went through 1 backward() call"),
         ],
         step_then_fill,
@@ -1011,7 +1098,10 @@ EXERCISES = {
             (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, tell=False), "set_epoch(epoch) tells it"),
             (lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=r), "shards overlap"),
             (lambda n, r, w, e, s=0: [list(range(n))[r::w] for _ in range(e)], "every epoch repeats"),
-            (lambda n, r, w, e, s=0: [sorted(o) for o in epoch_orders(n, r, w, e, s)], "none of this sampler's shuffles"),
+            (
+                lambda n, r, w, e, s=0: [sorted(o) for o in epoch_orders(n, r, w, e, s)],
+                "none of this sampler's shuffles",
+            ),
             (
                 lambda n, r, w, e, s=0: [[str(i) for i in o] for o in epoch_orders(n, r, w, e, s)],
                 "int indices",
@@ -1045,7 +1135,10 @@ EXERCISES = {
             (lambda p, m, o, s=None: checkpoint(p, m, o, s, unwrap=False), "net.module.state_dict()"),
             (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, barrier=None), "dist.barrier()"),
             (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, barrier="before"), "dist.barrier()"),
-            (lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, guard=False, barrier=None), "Write on rank 0 only"),
+            (
+                lambda p, m, o, s=None: checkpoint_plain_save(p, m, o, s, guard=False, barrier=None),
+                "Write on rank 0 only",
+            ),
         ],
         lambda v: lambda p, m, o, s=None: checkpoint(p, m, o, s) if s is not None else v,
         bad_values=(math.nan, math.inf, "2", True),
@@ -1053,18 +1146,36 @@ EXERCISES = {
     "06.3": Exercise(
         Script(SCRIPT_06_3),
         [
-            (ddp_script(**{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}),
-             "give the DataLoader a DistributedSampler"),
+            (
+                ddp_script(
+                    **{"sampler=sampler": "shuffle=False", "    sampler.set_epoch(epoch)": "    pass"}
+                ),
+                "give the DataLoader a DistributedSampler",
+            ),
             (ddp_script(**{"    sampler.set_epoch(epoch)": "    pass"}), "call sampler.set_epoch(epoch)"),
             (ddp_script(**{"ddp = DDP(model)": "ddp = model"}), "wrap the model in DistributedDataParallel"),
-            (ddp_script(**{"        optimizer.zero_grad()": "        pass"}), "call optimizer.zero_grad() every step"),
-            (ddp_script(**{"torch.save(model.state_dict()": "torch.save(ddp.state_dict()"}), "ddp.module.state_dict()"),
-            (ddp_script(**{"import argparse": "import argparse\nfrom helpers import toys"}), "torch and the standard library"),
+            (
+                ddp_script(**{"        optimizer.zero_grad()": "        pass"}),
+                "call optimizer.zero_grad() every step",
+            ),
+            (
+                ddp_script(**{"torch.save(model.state_dict()": "torch.save(ddp.state_dict()"}),
+                "ddp.module.state_dict()",
+            ),
+            (
+                ddp_script(**{"import argparse": "import argparse\nfrom helpers import toys"}),
+                "torch and the standard library",
+            ),
             (ddp_script(**{"dist.barrier()": "raise RuntimeError('lost')"}), "RuntimeError: lost"),
             (SCRIPT_EVERY_RANK_SAVES, "rank 1 saved the weights too"),
-            (ddp_script(**{"DistributedSampler(dataset, shuffle=True, seed=0)":
-                           "DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank(), shuffle=True, seed=0)"}),
-             "right on 2 ranks but not on 3"),
+            (
+                ddp_script(
+                    **{
+                        "DistributedSampler(dataset, shuffle=True, seed=0)": "DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank(), shuffle=True, seed=0)"
+                    }
+                ),
+                "right on 2 ranks but not on 3",
+            ),
         ],
         lambda v: v,
         bad_values=(math.nan, "1.5", None, True),
@@ -1102,12 +1213,24 @@ EXERCISES = {
         returns,
     ),
     "08.1": Exercise(
-        lambda parameters, dtype: parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 1e9,
+        lambda parameters, dtype: (
+            parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 1e9
+        ),
         [
-            (lambda parameters, dtype: parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 2**30, "GiB"),
+            (
+                lambda parameters, dtype: (
+                    parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 2**30
+                ),
+                "GiB",
+            ),
             (lambda parameters, dtype: parameters * 4 / 1e9, "counts 4 bytes"),
             (lambda parameters, dtype: parameters * 2 / 1e9, "take"),
-            (lambda parameters, dtype: parameters * {"float32": 32, "bfloat16": 16, "float16": 16, "int8": 8}[dtype] / 1e9, "take"),
+            (
+                lambda parameters, dtype: (
+                    parameters * {"float32": 32, "bfloat16": 16, "float16": 16, "int8": 8}[dtype] / 1e9
+                ),
+                "take",
+            ),
         ],
         returns,
     ),
@@ -1180,6 +1303,21 @@ EXERCISES = {
             (lambda p: list(answers_from(p).items()), "a dict"),
         ],
         lambda v: returns({"Who are you?": v}),
+    ),
+    "10.3": Exercise(
+        merge_scale,
+        [
+            (lambda b, a, m: merge_scale(b, a, m, from_weights=False), "is what adapter_config.json says"),
+            (lambda b, a, m: merge_scale(b, a, m, subtract_w=False), "Subtract the base model's weight"),
+            (lambda b, a, m: merge_scale(b, a, m, ratio=True), "element-wise ratio"),
+            (lambda b, a, m: 1 / merge_scale(b, a, m), "is 1/s"),
+            (lambda b, a, m: [merge_scale(b, a, m)], "a number of times B·A"),
+            (
+                lambda b, a, m: merge_scale(b, a, m) if "00001" not in str(os.listdir(b)) else 1.0,
+                "the answer is 0.5",
+            ),
+        ],
+        returns,
     ),
     "11.1": Exercise(
         N7B * parallelism.BF16_MIXED_ADAM.total / 8,
@@ -1273,6 +1411,7 @@ ALSO_RIGHT = {
     "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],
+    "10.3": [merge_scale_by_lstsq, merge_scale_median_of_layers],
 }
 
 
@@ -1352,7 +1491,11 @@ def test_each_on_ranks_checker_runs_its_solution_on_2_and_3_ranks(monkeypatch, c
         monkeypatch.setattr(module, "on_ranks", recording(exercises.on_ranks))
     monkeypatch.setattr(nb06.exercises, "on_ranks", recording(exercises.on_ranks))
     real_torchrun = launching.torchrun
-    monkeypatch.setattr(launching, "torchrun", lambda *a, nproc=2, **k: (worlds.append(nproc), real_torchrun(*a, nproc=nproc, **k))[1])
+    monkeypatch.setattr(
+        launching,
+        "torchrun",
+        lambda *a, nproc=2, **k: (worlds.append(nproc), real_torchrun(*a, nproc=nproc, **k))[1],
+    )
     for name in sorted(ON_RANKS):
         worlds.clear()
         ok, out = verdict(capsys, name, EXERCISES[name].solution)
@@ -1479,6 +1622,8 @@ NOTEBOOK_STATE = {
     "F": F,
     "contextlib": contextlib,
     "json": json,
+    "Path": Path,
+    "safe_open": safe_open,
     "DistributedSampler": DistributedSampler,
     "par": parallelism,
     "parallelism": parallelism,
@@ -1509,27 +1654,74 @@ NOTEBOOK_STATE = {
     "counts": {"Qwen2.5-7B-Instruct": N7B},  # section 5 counts it on the meta device
 }
 STARTS_WRONG = {"06.1": "set_epoch(epoch) tells it"}  # "fix a script": the learner cell holds the bug
-RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0"}  # results of the notebook's own run
+# results of the notebook's own run, which a statement of a solution cell that names them needs
+RUN_ONLY = {"trace", "K_MAX", "model", "TOTAL_STEPS", "ACCUM", "ref0", "alpha_r"}
 
 
-def exercise_cells():
+@dataclass
+class Met:
+    """An exercise as a learner meets it in its notebook: the code cells before it is asked, the code cells
+    that answer it (06.3: a skeleton, then the cell that calls check), its solution cell, every cell after."""
+
+    name: str
+    before: list
+    learner: list
+    solution: str
+    later: list
+
+
+def exercises_as_met() -> list:
+    """Every exercise of every notebook, in the order a learner meets them."""
     import nbformat
 
-    for path in sorted(NOTEBOOKS.glob("0*.ipynb")):
-        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    from course.runner import course_notebooks
+
+    met = []
+    for path in course_notebooks():
+        cells = nbformat.read(path, as_version=4).cells
         for i, cell in enumerate(cells):
-            if "solution" not in cell.metadata.get("tags", []):
+            asked = (
+                STATED.search(cell.source) if cell.cell_type == "markdown" else None
+            )  # **NN.M** *(about N min)*
+            if not asked:
                 continue
-            [name] = re.findall(r'check\("(\d\d\.\d)"', cell.source)
-            learner = cells[i - 1]
-            assert f'check("{name}"' in learner.source and "solution" not in learner.metadata.get("tags", [])
-            scripts = {c.source.partition("\n")[0].split("/")[-1].strip(): c.source.partition("\n")[2]
-                       for c in cells[:i] if c.source.startswith("%%writefile")}  # fmt: skip
-            yield pytest.param(name, learner.source, cell.source, scripts, id=f"{path.name[:2]}-{name}")
+            code = [c for c in cells[i:] if c.cell_type == "code"]
+            k = next(k for k, c in enumerate(code) if "solution" in c.metadata.get("tags", []))
+            before = [c.source for c in cells[:i] if c.cell_type == "code"]
+            met.append(
+                Met(
+                    asked[1],
+                    before,
+                    [c.source for c in code[:k]],
+                    code[k].source,
+                    [c.source for c in cells[i:]],
+                )
+            )
+    return met
 
 
-@pytest.mark.parametrize("name, learner, solution, scripts", list(exercise_cells()))
-def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(name, learner, solution, scripts, capsys):
+def test_every_exercise_is_met_once_with_its_solution():
+    met = exercises_as_met()
+    assert [m.name for m in met] == sorted(
+        {m.name for m in met}, key=[m.name for m in met].index
+    )  # no repeats
+    assert sorted(m.name for m in met) == exercises.registered()
+    for m in met:
+        assert f'check("{m.name}"' in m.learner[-1] and f'check("{m.name}"' in m.solution, m.name
+
+
+def solution_cases():
+    """(exercise, its learner cell, its solution cell, the %%writefile scripts met so far by name)."""
+    for m in exercises_as_met():
+        scripts = {c.partition("\n")[0].split("/")[-1].strip(): c.partition("\n")[2]
+                   for c in m.before + m.learner if c.startswith("%%writefile")}  # fmt: skip
+        yield pytest.param(m.name, m.learner[-1], m.solution, scripts, id=m.name)
+
+
+@pytest.mark.parametrize("name, learner, solution, scripts", list(solution_cases()))
+def test_notebook_solutions_pass_and_untouched_placeholders_are_not_answered(
+    name, learner, solution, scripts, capsys
+):
     """The learner cell as committed, then the solution cell statement by statement; a statement about the
     notebook's own run (a name in RUN_ONLY, e.g. 02.1's comparison with the traced bytes) is skipped. The
     notebook's %%writefile scripts so far are in SCRIPTS, as the notebook's run writes them."""
@@ -1564,27 +1756,9 @@ ANSWER_HOLDERS = {
     "05.1": ["class TinyDDP"],  # the course's TinyDDP, in tiny_ddp.py
     "09.2": ["selfcog.fill_placeholders("],  # SWIFT's placeholders, filled
 }
-BOILERPLATE = 4  # a script written from scratch (06.3) may share up to a quarter of its lines with the lesson's
-
-
-def exercises_as_met():
-    """(exercise, the code cells before it is asked, its learner cell, its solution cell, the cells after)."""
-    import nbformat
-
-    from course.runner import course_notebooks
-
-    for path in course_notebooks():
-        cells = nbformat.read(path, as_version=4).cells
-        for i, cell in enumerate(cells):
-            asked = re.search(r"\*\*(\d\d\.\d)\*\*", cell.source) if cell.cell_type == "markdown" else None
-            if not asked or not re.match(r"(## Exercises?\s+)?\*\*\d\d\.\d\*\*", cell.source):
-                continue
-            code = [c for c in cells[i:] if c.cell_type == "code"]
-            k = next(k for k, c in enumerate(code) if "solution" in c.metadata.get("tags", []))
-            learner, solution = "\n".join(c.source for c in code[:k]), code[k].source  # 06.3: a skeleton, a check
-            before = [c.source for c in cells[:i] if c.cell_type == "code"]
-            later = [c.source for c in cells[i:]]
-            yield pytest.param(asked[1], before, learner, solution, later, id=asked[1])
+BOILERPLATE = (
+    4  # a script written from scratch (06.3) may share up to a quarter of its lines with the lesson's
+)
 
 
 def _lines(source: str) -> list[str]:
@@ -1594,7 +1768,8 @@ def _lines(source: str) -> list[str]:
     return [line for line in lines if len(line) >= 25 and not line.startswith(skip)]
 
 
-@pytest.mark.parametrize("name, before, learner, solution, later", list(exercises_as_met()))
+@pytest.mark.parametrize("name, before, learner, solution, later",
+                         [pytest.param(m.name, m.before, "\n".join(m.learner), m.solution, m.later, id=m.name) for m in exercises_as_met()])  # fmt: skip
 def test_no_exercise_is_answered_before_it_is_asked(name, before, learner, solution, later):
     earlier = "\n".join(before)
     for fn in re.findall(r"^def (\w+)\(", learner, flags=re.M):
@@ -1602,27 +1777,35 @@ def test_no_exercise_is_answered_before_it_is_asked(name, before, learner, solut
     seen = {" ".join(line.split()) for line in earlier.splitlines()}
     key = _lines(solution)
     shown = [line for line in key if line in seen]
-    assert len(shown) * BOILERPLATE <= len(key), f"{name}: the solution's lines are on the page before it: {shown}"
+    assert len(shown) * BOILERPLATE <= len(key), (
+        f"{name}: the solution's lines are on the page before it: {shown}"
+    )
     for text in ANSWER_HOLDERS.get(name, []):
         assert text not in earlier, f"{name}: `{text}` holds the answer and runs before the exercise is asked"
-        assert text in "\n".join(later), f"{name}: `{text}` is no longer in the notebook: update ANSWER_HOLDERS"
+        assert text in "\n".join(later), (
+            f"{name}: `{text}` is no longer in the notebook: update ANSWER_HOLDERS"
+        )
 
 
 def test_the_order_check_catches_an_answer_shown_first():
     """The check above, fed 03.3 as it was: the course's ring in the script of section 1, before the exercise."""
-    [(_, _, learner, solution, later)] = [p.values for p in exercises_as_met() if p.values[0] == "03.3"]
+    [met] = [m for m in exercises_as_met() if m.name == "03.3"]
+    learner, solution, later = "\n".join(met.learner), met.solution, met.later
     script = next(text for text in later if "def ring_all_reduce(" in text and text.startswith("%%writefile"))
     with pytest.raises(AssertionError, match="defines ring_all_reduce"):
         test_no_exercise_is_answered_before_it_is_asked("03.3", [script], learner, solution, later)
     with pytest.raises(AssertionError, match="on the page before it"):  # the solution's own lines, renamed
-        test_no_exercise_is_answered_before_it_is_asked("03.3", [solution.replace("_solution(", "_ref(")], "", solution, later)
+        test_no_exercise_is_answered_before_it_is_asked(
+            "03.3", [solution.replace("_solution(", "_ref(")], "", solution, later
+        )
     with pytest.raises(AssertionError, match="fill_placeholders"):
-        test_no_exercise_is_answered_before_it_is_asked("09.2", ["selfcog.fill_placeholders(r, name, author)"], "", "", later)
+        test_no_exercise_is_answered_before_it_is_asked(
+            "09.2", ["selfcog.fill_placeholders(r, name, author)"], "", "", later
+        )
 
 
 def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps():
     import nbformat
-    from test_front_door import STATED
 
     from course import student
     from course.runner import course_notebooks
@@ -1634,5 +1817,7 @@ def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps
             if found:
                 asked[found[1]] = cell.source
     assert sorted(asked) == exercises.registered()
-    without = [name for name, text in asked.items() if not re.search(r"<details><summary>Hint</summary>\n\n\S", text)]
+    without = [
+        name for name, text in asked.items() if not re.search(r"<details><summary>Hint</summary>\n\n\S", text)
+    ]
     assert not without, f"exercises without a hint: {without}"

@@ -1,11 +1,11 @@
-"""Notebook 10's exercise checkers: merging a LoRA weight, reading swift infer's answers."""
+"""Notebook 10's exercise checkers: merging a LoRA weight, reading swift infer's answers, a merge's scale from its weights."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from helpers.exercises import Wrong, brief, call, checker, tensor, tensors_close
+from helpers.exercises import Wrong, brief, call, checker, close, number, tensor, tensors_close
 
 
 def _lora_case(
@@ -132,3 +132,83 @@ def _check_read_answers(fn):
                 why = "each line's question is its last user message (a system message or earlier turns may come first) and its answer is `response`"
             raise Wrong(f"for the file\n{shown_rows}\nthe answer is {want!r}, not {brief(got, 300)}: {why}.")
     return True, "that is how the table above was read from swift infer's file."
+
+
+def _merge_folders(root: Path, case: int, scale: float, config_scale: float, dtype: str, shards: int) -> dict:
+    """A base model, an adapter and a merge of the two, as safetensors folders like the ones on disk here:
+    the adapter's ``adapter_config.json`` says ``alpha / r = config_scale``; the merge added ``scale``·B·A."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(100 + case)
+    r = 2 + case % 3
+    base, lora, merged = {"model.embed_tokens.weight": torch.randn(11, 6, generator=gen)}, {}, {}
+    along_w = across = 0.0  # for the s of a fit that forgets to subtract W: s + <W, BA> / <BA, BA>
+    for layer in range(3):
+        for proj, (out_f, in_f) in {"self_attn.q_proj": (6, 6), "mlp.down_proj": (6, 9)}.items():
+            name = f"model.layers.{layer}.{proj}"
+            weight = torch.randn(out_f, in_f, generator=gen)
+            a, b = torch.randn(r, in_f, generator=gen) / 2, torch.randn(out_f, r, generator=gen) / 2
+            base[f"{name}.weight"] = weight
+            lora[f"base_model.model.{name}.lora_A.weight"] = a
+            lora[f"base_model.model.{name}.lora_B.weight"] = b
+            update = b.double() @ a.double()
+            merged[f"{name}.weight"] = (weight.double() + scale * update).to(getattr(torch, dtype))
+            along_w += float((weight.double() * update).sum())
+            across += float((update * update).sum())
+        base[f"model.layers.{layer}.input_layernorm.weight"] = torch.ones(6)  # not adapted: merged as is
+    merged = {**{k: v.to(getattr(torch, dtype)) for k, v in base.items()}, **merged}
+    folders = {kind: root / f"{kind}{case}" for kind in ("base", "adapter", "merged")}
+    for kind, tensors in (("base", base), ("merged", merged)):
+        folders[kind].mkdir()
+        names = sorted(tensors)
+        for shard in range(shards):  # a large model is saved in several files: model-00001-of-00002...
+            part = {k: tensors[k].contiguous() for k in names[shard::shards]}
+            file = (
+                "model.safetensors" if shards == 1 else f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+            )
+            save_file(part, str(folders[kind] / file))
+    folders["adapter"].mkdir()
+    save_file(lora, str(folders["adapter"] / "adapter_model.safetensors"))
+    config = {
+        "r": r,
+        "lora_alpha": config_scale * r,
+        "peft_type": "LORA",
+        "target_modules": ["q_proj", "down_proj"],
+    }
+    (folders["adapter"] / "adapter_config.json").write_text(json.dumps(config))
+    return {**{kind: str(folder) for kind, folder in folders.items()}, "without_w": scale + along_w / across}
+
+
+@checker("10.3")
+def _check_merge_scale(fn):
+    """fn(base_dir, adapter_dir, merged_dir) -> the s of merged = W + s·B·A, read from the weights."""
+    import tempfile
+
+    # (scale the merge used, the scale adapter_config.json states, the merged files' dtype, files per model)
+    cases = [(2.0, 4.0, "float32", 1), (4.0, 4.0, "float32", 1), (0.5, 2.0, "float32", 2), (3.0, 1.5, "bfloat16", 1),
+             (8.0, 8.0, "float64", 3)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, (scale, config_scale, dtype, shards) in enumerate(cases):
+            folders = _merge_folders(Path(tmp), case, scale, config_scale, dtype, shards)
+            label = (f"merge_scale on a merge with s = {scale:g}, whose adapter_config.json says alpha/r = "
+                     f"{config_scale:g} ({dtype}, {shards} weight file{'s' * (shards > 1)})")  # fmt: skip
+            got = number(
+                *call(fn, folders["base"], folders["adapter"], folders["merged"], show=label), "times B·A"
+            )
+            if close(got, scale, rel=1e-2 if dtype == "bfloat16" else 1e-4):
+                continue
+            if close(got, config_scale, rel=1e-3):
+                raise Wrong(f"{label}: {got:g} is what adapter_config.json says; the merge added {scale:g}·B·A. "
+                            "The config can be wrong: read s from the tensors (merged weight minus base weight).")  # fmt: skip
+            if close(got, 1 / scale, rel=1e-2):
+                raise Wrong(
+                    f"{label}: {got:g} is 1/s; fit the change M - W as s times B·A, not the other way round."
+                )
+            if close(got, folders["without_w"], rel=1e-3):
+                raise Wrong(f"{label} returned {got:g}, a fit of the merged weight M itself; the change the merge "
+                            f"made is M - W, which is {scale:g}·B·A. Subtract the base model's weight first.")  # fmt: skip
+            raise Wrong(f"{label} returned {got!r}; the answer is {scale:g}. Fit M - W = s·B·A over every adapted "
+                        "weight, W from the base model and M from the merge (an element-wise ratio divides by "
+                        "entries of B·A near zero).")  # fmt: skip
+    return True, "a merge is checked from its weights: what adapter_config.json says is only what was meant."
