@@ -800,6 +800,15 @@ def merge_scale_median_of_layers(base_dir, adapter_dir, merged_dir):
     return np.median(fits)
 
 
+# 12.4's changes, as notebook 12's CHANGES lists them
+FORCED_CHANGES = [
+    "--ddp_find_unused_parameters false",
+    "--tuner_type full",
+    "no NPROC_PER_NODE (one process)",
+    "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'",
+]
+
+
 def answers_from(path, pick=-1, keep_all=True):
     out = {}
     for line in Path(path).read_text(encoding="utf-8").splitlines():
@@ -1394,6 +1403,28 @@ EXERCISES = {
             (returns(({0}, {1})), "expected"),
         ],
         lambda v: returns(({v}, {1})),
+    ),
+    "12.4": Exercise(
+        dict(zip(FORCED_CHANGES, ["trains", "fails", "trains", "trains"], strict=True)),
+        [
+            (
+                dict(zip(FORCED_CHANGES, ["trains", "trains", "trains", "trains"], strict=True)),
+                "still sit inside",
+            ),
+            (
+                dict(zip(FORCED_CHANGES, ["fails", "fails", "trains", "trains"], strict=True)),
+                "marks nothing ready",
+            ),
+            (dict(zip(FORCED_CHANGES, ["trains", "fails", "fails", "trains"], strict=True)), "no DDP"),
+            (
+                dict(zip(FORCED_CHANGES, ["trains", "fails", "trains", "fails"], strict=True)),
+                "one ordinary graph",
+            ),
+            (dict(zip(FORCED_CHANGES[:3], ["trains", "fails", "trains"], strict=True)), "missing"),
+            (dict(zip(FORCED_CHANGES, [True, False, True, True], strict=True)), '"trains" or "fails"'),
+            (list(zip(FORCED_CHANGES, ["trains", "fails", "trains", "trains"], strict=True)), "a dict"),
+        ],
+        lambda v: {change: v for change in FORCED_CHANGES} if v is not None else None,
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}

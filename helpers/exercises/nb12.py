@@ -1,4 +1,4 @@
-"""Notebook 12's exercise checkers: SWIFT's use_reentrant, activation memory, a hang's stacks."""
+"""Notebook 12's exercise checkers: SWIFT's use_reentrant, activation memory, a hang's stacks, the forced error's way out."""
 
 from __future__ import annotations
 
@@ -181,3 +181,59 @@ def _stuck_and_missing(fn):
             why = "a rank is waiting when one of its frames is in torch's distributed_c10d.py"
         raise Wrong(f"{said} ({got_waiting}, {got_missing}); expected ({waiting}, {missing}): {why}.")
     return True, "The ranks inside a collective are the victims; the missing ones are where to look."
+
+
+# 12.4: section 1's forced run (2 ranks, LoRA, reentrant checkpointing forced, Trainer's own
+# find_unused_parameters=True), changed in one way; what each change does, measured with ms-swift 4.6 on 2 gloo
+# ranks, and why
+_FORCED = {
+    "--ddp_find_unused_parameters false": (
+        "trains",
+        "with find_unused_parameters=False DDP marks nothing ready after forward, so the nested backward's hooks are "
+        "the first and only ones (section 1's script, reentrant true and find_unused false, trains too)",
+    ),
+    "--tuner_type full": (
+        "fails",
+        "full training changes what is trained, not how: the decoder layers' parameters still sit inside reentrant "
+        "checkpoints, DDP still marks them unused after forward, and the nested backward fires their hooks again",
+    ),
+    "no NPROC_PER_NODE (one process)": (
+        "trains",
+        "without torchrun there is one process and no DDP, so no hook can mark a gradient ready twice",
+    ),
+    "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'": (
+        "trains",
+        "non-reentrant checkpointing keeps the blocks in the one ordinary graph, where DDP's walk finds every "
+        "parameter: that is SWIFT's own choice under DDP, the run of section 1 that trained",
+    ),
+}
+
+
+@checker("12.4")
+def _check_forced_changes(answer):
+    """{change: "trains" or "fails"} for each change of section 1's forced swift sft run."""
+    if not isinstance(answer, dict):
+        raise Wrong(f"your answer is {brief(answer)}; the answer is a dict from each change in CHANGES to "
+                    '"trains" or "fails".')  # fmt: skip
+    missing, unknown = sorted(set(_FORCED) - set(answer)), sorted(set(answer) - set(_FORCED))
+    if missing or unknown:
+        raise Wrong(
+            f"the keys are the changes in CHANGES, each once: missing {missing}, not in CHANGES {unknown}."
+        )
+    for change, said in answer.items():
+        if not isinstance(said, str) or said.strip().lower() not in ("trains", "fails"):
+            raise Wrong(f'for {change!r} the answer is "trains" or "fails", not {brief(said)}.')
+    wrong = [change for change, said in answer.items() if said.strip().lower() != _FORCED[change][0]]
+    if wrong:
+        change = wrong[0]
+        more = (
+            f" ({len(wrong) - 1} other prediction{'s' * (len(wrong) > 2)} also wrong)"
+            if len(wrong) > 1
+            else ""
+        )
+        raise Wrong(f"{change}: it {_FORCED[change][0]}, because {_FORCED[change][1]}.{more} "
+                    "Run it: make the change in forced_command and run that cell again.")  # fmt: skip
+    return (
+        True,
+        "the error needs all three at once: DDP, reentrant checkpointing, and DDP looking for unused parameters.",
+    )
