@@ -1811,6 +1811,12 @@ def test_no_exercise_is_answered_before_it_is_asked(name, before, learner, solut
     assert len(shown) * BOILERPLATE <= len(key), (
         f"{name}: the solution's lines are on the page before it: {shown}"
     )
+    flat = " ".join(earlier.split())
+    for returned in re.findall(r"^\s*return (.+?)(?:\s+#.*)?$", solution, flags=re.M):  # a one-line answer
+        returned = " ".join(returned.split())
+        assert len(returned) < 10 or returned not in flat, (
+            f"{name}: `{returned}`, the answer, is on the page before it"
+        )
     for text in ANSWER_HOLDERS.get(name, []):
         assert text not in earlier, f"{name}: `{text}` holds the answer and runs before the exercise is asked"
         assert text in "\n".join(later), (
@@ -1819,7 +1825,8 @@ def test_no_exercise_is_answered_before_it_is_asked(name, before, learner, solut
 
 
 def test_the_order_check_catches_an_answer_shown_first():
-    """The check above, fed 03.3 as it was: the course's ring in the script of section 1, before the exercise."""
+    """The check above, fed answers as they once stood: 03.3's ring in the script of section 1, 00.2's formula in
+    section 4's check, 09.2's placeholders filled, each before its exercise."""
     [met] = [m for m in exercises_as_met() if m.name == "03.3"]
     learner, solution, later = "\n".join(met.learner), met.solution, met.later
     script = next(text for text in later if "def ring_all_reduce(" in text and text.startswith("%%writefile"))
@@ -1828,6 +1835,16 @@ def test_the_order_check_catches_an_answer_shown_first():
     with pytest.raises(AssertionError, match="on the page before it"):  # the solution's own lines, renamed
         test_no_exercise_is_answered_before_it_is_asked(
             "03.3", [solution.replace("_solution(", "_ref(")], "", solution, later
+        )
+    with pytest.raises(
+        AssertionError, match="the answer, is on the page"
+    ):  # 00's check printed 00.2's formula
+        test_no_exercise_is_answered_before_it_is_asked(
+            "00.2",
+            ["assert [r['sum'] for r in hello.results] == [n * (n + 1) / 2] * n"],
+            "",
+            "def f(n):\n    return n * (n + 1) / 2",
+            [],
         )
     with pytest.raises(AssertionError, match="fill_placeholders"):
         test_no_exercise_is_answered_before_it_is_asked(
