@@ -824,6 +824,73 @@ def gpus_of_rank(local_rank, n_gpu, nproc):
     return list(range(local_rank, n_gpu, nproc))
 
 
+def zero1(
+    params, make_optimizer, owner_of="size", source="owner", keep="share", reduce_again=False, build="once"
+):
+    """11.4's solution (greedy by size, largest first), and the mistakes its arguments name."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    world = 2 if owner_of == "a world of 2" else world
+    owner, load = [0] * len(params), [0] * world
+    if owner_of == "index":  # round robin over the list: weights and biases alternate
+        owner = [i % world for i in range(len(params))]
+    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()) if owner_of != "index" else []:
+        owner[i] = load.index(min(load))
+        load[owner[i]] += params[i].numel()
+    mine = params if keep == "everything" else [p for p, o in zip(params, owner, strict=True) if o == rank]
+    optimizer = make_optimizer(mine)
+
+    def step():
+        if reduce_again:
+            for p in params:
+                dist.all_reduce(p.grad)
+        (make_optimizer(mine) if build == "every step" else optimizer).step()
+        for p, o in zip(params, owner, strict=True):
+            if source != "none":
+                dist.broadcast(p.data, src=0 if source == "rank 0" else o)
+
+    return step
+
+
+def zero1_contiguous(params, make_optimizer):
+    """Cut the list where the running count passes each rank's share; one Adam per parameter; async broadcasts."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    total, seen, owner = sum(p.numel() for p in params), 0, []
+    for p in params:
+        owner.append(min(world - 1, (seen + p.numel() // 2) * world // total))
+        seen += p.numel()
+    mine = [make_optimizer([p]) for p, o in zip(params, owner, strict=True) if o == rank]
+
+    def step():
+        for optimizer in mine:
+            optimizer.step()
+        works = [dist.broadcast(p.detach(), src=o, async_op=True) for p, o in zip(params, owner, strict=True)]
+        for work in works:
+            work.wait()
+
+    return step
+
+
+class Zero1ByBytes:
+    """A class whose instance is the step: greedy by bytes, broadcasts under no_grad."""
+
+    def __init__(self, params, make_optimizer):
+        loads, self.params, self.owner = [0] * dist.get_world_size(), params, {}
+        for p in sorted(params, key=lambda p: p.numel() * p.element_size(), reverse=True):
+            self.owner[p] = min(range(len(loads)), key=loads.__getitem__)
+            loads[self.owner[p]] += p.numel() * p.element_size()
+        self.optimizer = make_optimizer([p for p in params if self.owner[p] == dist.get_rank()])
+
+    def __call__(self):
+        self.optimizer.step()
+        with torch.no_grad():
+            for p in self.params:
+                dist.broadcast(p, self.owner[p])
+
+
+def zero1_own_adam(params, make_optimizer):
+    return torch.optim.Adam(params, lr=0.05).step
+
+
 def reentrant(kwargs, nproc_per_node, deepspeed, fsdp):
     if kwargs and kwargs.get("use_reentrant") is not None:
         return kwargs["use_reentrant"]
@@ -1221,6 +1288,18 @@ EXERCISES = {
         ],
         returns,
     ),
+    "07.2": Exercise(
+        lambda f, b, c, u: (f + b + c + u) / (f + max(b, c) + u),
+        [
+            (lambda f, b, c, u: (f + b + c + u) / (f + b + u), "only backward's share of them can hide"),
+            (lambda f, b, c, u: (f + max(b, c) + u) / (f + b + c + u), "invert it"),
+            (lambda f, b, c, u: (b + c) / max(b, c), "forward and the update take their time"),
+            (lambda f, b, c, u: (f + b + c + u) / (f + min(b, c) + u), "not the other way"),
+            (lambda f, b, c, u: min(b, c), "a ratio of step times"),
+            (lambda f, b, c, u: (f + b + c + u) / (max(f + b, c) + u), "should be"),
+        ],
+        returns,
+    ),
     "08.1": Exercise(
         lambda parameters, dtype: (
             parameters * {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] / 1e9
@@ -1361,6 +1440,20 @@ EXERCISES = {
         ],
         lambda v: v,
     ),
+    "11.4": Exercise(
+        zero1,
+        [
+            (lambda p, m: zero1(p, m, keep="everything"), "has Adam states on ranks [0, 1]"),
+            (lambda p, m: zero1(p, m, owner_of="index"), "balance by size"),
+            (lambda p, m: zero1(p, m, source="none"), "did not move in a step"),
+            (lambda p, m: zero1(p, m, source="rank 0"), "did not move in a step"),
+            (lambda p, m: zero1(p, m, owner_of="a world of 2"), "is a world size written in"),
+            (lambda p, m: zero1(p, m, reduce_again=True), "already averaged them"),
+            (lambda p, m: zero1(p, m, build="every step"), "starts its moments from zero"),
+            (zero1_own_adam, "no rank built an optimizer with make_optimizer"),
+        ],
+        returns,
+    ),
     "12.1": Exercise(
         reentrant,
         [
@@ -1428,7 +1521,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3"}
+ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3", "11.4"}
 
 
 # Right answers written another way than the solution: each must pass as well.
@@ -1442,7 +1535,15 @@ ALSO_RIGHT = {
     "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],
+    "07.2": [
+        lambda f, b, c, u: 1 + min(b, c) / (f + max(b, c) + u),  # the saving over the overlapped step
+        lambda forward, backward, comm, update: (
+            sum((forward, backward, comm, update))
+            / (forward + update + (comm if comm > backward else backward))
+        ),
+    ],
     "10.3": [merge_scale_by_lstsq, merge_scale_median_of_layers],
+    "11.4": [zero1_contiguous, Zero1ByBytes],
 }
 
 

@@ -92,3 +92,16 @@ def test_swift_turns_five_launch_variables_into_torchrun_flags():
         "MASTER_PORT",
         "NPROC_PER_NODE",
     }
+
+
+def test_zero_redundancy_optimizer_shares_largest_first_and_broadcasts_every_share_after_the_step():
+    """11, exercise 11.4's hint: how torch's ZeRO-1 picks each rank's share, and how the shares come back."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer as Zero
+
+    partition = source(Zero._partition_parameters)
+    assert "key=lambda t: t.numel(), reverse=True" in partition and "self._get_min_index(sizes)" in partition
+    assert "self._broadcast_params_from_rank(rank)" in source(Zero._sync_params)
+    assert "dist.broadcast(" in source(Zero._broadcast_params_from_rank)
+    step = source(Zero.step)
+    assert step.index("self._local_step(") < step.index("self._sync_params()")
+    assert "Run the optimizer step on this shard only" in source(Zero._local_step)

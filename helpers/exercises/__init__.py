@@ -362,6 +362,21 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
     return [found[r][1] for r in range(world)]
 
 
+def mistake_on_ranks(rank_part, mistake, timeout: float = 30, worlds=(2, 3)) -> tuple[dict, str | None]:
+    """Run ``rank_part`` with :func:`on_ranks` on each number of ranks in ``worlds``, stopping at the first where a
+    rank fails or ``mistake(results, world)`` names what is wrong: ``({world: results}, that sentence or None)``."""
+    seen: dict = {}
+    for world in worlds:
+        try:
+            seen[world] = on_ranks(rank_part, world, timeout=timeout)
+        except CourseError as error:
+            return seen, str(error)
+        wrong = mistake(seen[world], world)
+        if wrong:
+            return seen, wrong
+    return seen, None
+
+
 PEER_GRACE_S = 3.0
 PEER_GONE_GRACE_S = 15.0  # on a busy machine the failing rank's own report can come seconds after its peer's
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "connectFullMesh")

@@ -1,10 +1,11 @@
-"""Notebook 11's exercise checkers: ZeRO-3 bytes, SWIFT's GPU grouping, ZeRO-3's traffic ratio."""
+"""Notebook 11's exercise checkers: ZeRO-3 bytes, SWIFT's GPU grouping, ZeRO-3's traffic ratio, ZeRO-1 by hand."""
 
 from __future__ import annotations
 
 from helpers.devicemap import swift_devices
-from helpers.exercises import Wrong, brief, call, checker, close, items, number
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, close, items, mistake_on_ranks, number
 from helpers.parallelism import BF16_MIXED_ADAM, QWEN25_7B_PARAMETERS
+from helpers.toys import mlp
 
 
 @checker("11.1")
@@ -80,3 +81,170 @@ def _check_traffic_ratio(answer):
         False,
         f"{got!r}: count the weight all-gathers (forward and backward) and the gradient reduce-scatter.",
     )
+
+
+ZERO1_WIDTHS = (16,) * 7  # six 16x16 weights and six biases: no parameter is most of a rank's fair share
+ZERO1_STEPS = 3
+ZERO1_LR, ZERO1_EPS = 0.05, 1e-2  # an eps near the gradients' size makes Adam see a doubled gradient
+
+
+def _zero1_batch(rank: int, step: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, ZERO1_WIDTHS[0], generator=g), 0.1 * torch.randn(8, ZERO1_WIDTHS[-1], generator=g)
+
+
+@checker("11.4")
+def _check_zero1(fn):
+    """A function (params, make_optimizer) -> step(): ZeRO-1 by hand, on 2 and on 3 ranks, against torch's
+    ZeroRedundancyOptimizer (same parameters after every step) and against ZeRO-1's memory rule (each
+    parameter's optimizer states on exactly one rank, no rank far above its fair share)."""
+    import torch
+    import torch._dynamo  # noqa: F401 - DDP imports it (seconds); once here, not in every forked rank
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    def rank_part(rank, world):
+        import torch.nn.functional as F
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        made = []
+
+        def make_optimizer(some_params):
+            some_params = list(some_params)
+            if not some_params:
+                raise Wrong(
+                    f"with {world} ranks, rank {rank} gave make_optimizer no parameters: every rank keeps a share "
+                    "(is a world size written in, rather than dist.get_world_size()?)."
+                )
+            optimizer = torch.optim.Adam(some_params, lr=ZERO1_LR, eps=ZERO1_EPS)
+            made.append(optimizer)
+            return optimizer
+
+        yours, ref, twice = (DDP(mlp(list(ZERO1_WIDTHS), seed=0)) for _ in range(3))
+        params = list(yours.parameters())
+        step = fn(params, make_optimizer)
+        if step is None:
+            raise NotAnswered("zero1 returned None: it should return step, the function that makes one step.")
+        if not callable(step):
+            raise Wrong(f"zero1 returned {brief(step)}; return step, a function taking no arguments.")
+        built = len(made)
+        reference = ZeroRedundancyOptimizer(
+            ref.parameters(), optimizer_class=torch.optim.Adam, lr=ZERO1_LR, eps=ZERO1_EPS
+        )
+        doubled = torch.optim.Adam(twice.parameters(), lr=ZERO1_LR, eps=ZERO1_EPS)  # gradients summed again
+        unchanged, gaps, gaps_twice = set(), [], []
+        for k in range(ZERO1_STEPS):
+            x, y = _zero1_batch(rank, k)
+            for net in (yours, ref, twice):
+                net.zero_grad(set_to_none=True)
+                F.mse_loss(net(x), y).backward()
+            before = [p.detach().clone() for p in params]
+            step()
+            reference.step()
+            with torch.no_grad():
+                for p in twice.parameters():
+                    p.grad *= world
+            doubled.step()
+            unchanged |= {i for i, (p, b) in enumerate(zip(params, before, strict=True)) if torch.equal(p, b)}
+            for other, into in ((ref, gaps), (twice, gaps_twice)):
+                into.append(
+                    max(
+                        float((a - b).detach().abs().max())
+                        for a, b in zip(params, other.parameters(), strict=True)
+                    )
+                )
+        index = {id(p): i for i, p in enumerate(params)}
+        owned = sorted({index.get(id(p), -1) for o in made for p, s in o.state.items() if s})
+        state_bytes = sum(
+            t.numel() * t.element_size()
+            for o in made
+            for s in o.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
+        return {
+            "built": built,
+            "made": len(made),
+            "unchanged": sorted(unchanged),
+            "gap": max(gaps),
+            "gap_twice": max(gaps_twice),
+            "owned": owned,
+            "state_bytes": state_bytes,
+            "sizes": [p.numel() for p in params],
+        }
+
+    seen, wrong = mistake_on_ranks(rank_part, _zero1_mistake, timeout=60)
+    if wrong:
+        return False, wrong
+    summaries = [
+        f"{' + '.join(format(r['state_bytes'], ',') for r in results)} bytes on {world} ranks"
+        for world, results in seen.items()
+    ]
+    return True, (
+        "The same parameters as torch's ZeroRedundancyOptimizer after every step, each parameter's Adam states on "
+        f"one rank only: {' and '.join(summaries)}, where plain DDP keeps all of them on every rank."
+    )
+
+
+def _zero1_mistake(results: list, world: int) -> str | None:
+    """What is wrong with the learner's ZeRO-1 on ``world`` ranks; None when nothing is."""
+    said = f"with {world} ranks"
+    idle = [rank for rank, r in enumerate(results) if r["built"] == 0]
+    if len(idle) == world:
+        return (
+            f"{said}, no rank built an optimizer with make_optimizer(...) inside zero1: give it this rank's share of "
+            "the parameters (the checker counts the states of the optimizers it builds)."
+        )
+    if idle:
+        return (
+            f"{said}, rank(s) {idle} built no optimizer: every one of the {world} ranks keeps a share (is a world "
+            "size written in, rather than dist.get_world_size()?)."
+        )
+    for rank, r in enumerate(results):
+        if r["made"] > r["built"]:
+            return (
+                f"{said}, step() built {r['made'] - r['built']} new optimizer(s): a new Adam starts its moments from "
+                "zero every step. Build this rank's optimizer once, in zero1, and keep it."
+            )
+        if -1 in r["owned"]:
+            return f"{said}, rank {rank} stepped tensors that are not the parameters it was given: step params themselves."
+    for rank, r in enumerate(results):
+        if r["unchanged"]:
+            return (
+                f"{said}, on rank {rank} parameters {r['unchanged']} did not move in a step: a rank updates only its "
+                "own share, so every parameter must come back from the rank that stepped it "
+                "(dist.broadcast(p, src=owner)), for every parameter and from its own owner."
+            )
+    if all(r["gap"] > 1e-6 and r["gap_twice"] <= 1e-6 for r in results):
+        return (
+            f"{said}, the parameters are those of gradients {world} times too large: DDP's backward already "
+            "averaged them over the ranks, so step() must not reduce them again."
+        )
+    for rank, r in enumerate(results):
+        if r["gap"] > 1e-6:
+            return (
+                f"{said}, rank {rank}'s parameters differ from torch's ZeroRedundancyOptimizer by up to {r['gap']:.3g} "
+                "after the same steps: does each parameter come from the rank whose optimizer stepped it?"
+            )
+    holders: dict[int, list[int]] = {}
+    for rank, r in enumerate(results):
+        for i in r["owned"]:
+            holders.setdefault(i, []).append(rank)
+    for i, ranks in sorted(holders.items()):
+        if len(ranks) > 1:
+            return (
+                f"{said}, parameter {i} has Adam states on ranks {ranks}: under ZeRO-1 each parameter's states "
+                "live on one rank only; the others get the updated parameter from it."
+            )
+    sizes = results[0]["sizes"]
+    total, largest = sum(sizes), max(sizes)
+    for rank, r in enumerate(results):
+        held = sum(sizes[i] for i in r["owned"])
+        if held > total / world + largest:
+            return (
+                f"{said}, rank {rank} keeps states for {held} of the {total} parameter entries, more than its "
+                f"share ({total / world:.0f}) plus one parameter ({largest}): balance by size, e.g. largest first, "
+                "each to the rank holding least so far."
+            )
+    return None
