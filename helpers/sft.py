@@ -183,6 +183,17 @@ HUB_DATASETS = (
 )
 
 
+def sampled(sources, rows: int) -> tuple:
+    """``sources`` (paths or hub ids, with or without SWIFT's ``#N``) asking for ``rows`` rows in all, split
+    evenly between them. ``"source#N"`` makes SWIFT draw N rows of it with its data seed (``--data_seed``, 42,
+    apart from ``--seed``), so two runs listing the same sources first draw the same rows
+    (``swift/dataset/loader.py``, ``load_dataset``; ``swift/dataset/utils.py``, ``sample_dataset``)."""
+    bare = [str(source).split("#")[0] for source in sources]
+    if not bare or rows < len(bare):
+        raise CourseError(f"cannot take {rows} row(s) from {len(bare)} source(s): give at least one row each.")
+    return tuple(f"{source}#{rows // len(bare) + (i < rows % len(bare))}" for i, source in enumerate(bare))
+
+
 SEED_GLOBAL_BATCH = 16
 
 

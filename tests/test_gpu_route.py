@@ -218,6 +218,33 @@ def test_the_forgetting_comparison_keeps_the_same_identity_data():
         selfcog.identity_part(("AI-ModelScope/alpaca-gpt4-data-en#500",))
 
 
+def test_both_forgetting_runs_draw_the_same_identity_rows_from_swift(tmp_path):
+    """09 section 7: sft.sampled gives each source its share of the rows, and SWIFT's sampler, seeded by
+    --data_seed and not --seed, draws the same identity rows whether general data follows them or not."""
+    import json
+
+    from swift.dataset import load_dataset
+
+    assert sft.sampled(sft.HUB_DATASETS[:2], 161) == (
+        "AI-ModelScope/alpaca-gpt4-data-zh#81",
+        "AI-ModelScope/alpaca-gpt4-data-en#80",
+    )
+    with pytest.raises(CourseError, match="at least one row each"):
+        sft.sampled(sft.HUB_DATASETS, 2)
+    general = tmp_path / "general.jsonl"
+    general.write_text("".join(json.dumps({"query": f"q{i}?", "response": f"a{i}."}) + "\n" for i in range(30)))
+    identity = list(sft.sampled([selfcog.SELF_COGNITION], 12))
+    names = {"model_name": ["小课", "XiaoKe"], "model_author": ["并行训练营", "Parallel Training Camp"]}
+    alone, _ = load_dataset(identity, seed=42, **names)
+    mixed, _ = load_dataset(identity + list(sft.sampled([general], 12)), seed=42, **names)
+
+    def rows(dataset):
+        return sorted(json.dumps(row["messages"], ensure_ascii=False) for row in dataset)
+
+    assert len(rows(alone)) == 12 and len(rows(mixed)) == 24
+    assert set(rows(alone)) <= set(rows(mixed))  # the same 12 identity rows, and 12 general ones besides
+
+
 def test_a_run_of_sft_main_in_its_own_process_gets_its_keywords_and_gpus(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     script = tmp_path / "fake_sft.py"  # stands in for 09's sft_from_python.py: echoes what it was given

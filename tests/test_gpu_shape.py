@@ -133,10 +133,10 @@ def test_09_runs_the_seeds_recipe_with_its_knobs_on_the_first_gpus(shape):
         assert "sft_ddp_command" not in got and "ddp_wall_seconds" not in got
 
 
-def test_09_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_process(shape):
-    """'identity only' trains on the identity part of the very data section 4 trained on, 'identity +
-    general' on all of it (the tiny random model writes no whole sentence, so here that is identity data
-    alone too); on gpu each sft_main run is a process of its own."""
+def test_09_compares_forgetting_on_the_same_identity_rows_each_run_in_its_own_process(shape):
+    """Both kinds of run take the same sample of section 4's identity data, ABLATION_STEPS global batches of
+    it, listed first ('identity + general' adds as many general rows, but the tiny random model writes no
+    whole sentence, so here there are none); on gpu each sft_main run is a process of its own."""
     from swift import SftArguments
 
     runs = sorted(glob.glob(str(shape["folder"] / "sft-from-python" / "*" / "kwargs.json")))
@@ -150,8 +150,11 @@ def test_09_compares_forgetting_on_the_same_identity_data_each_run_in_its_own_pr
 
     datasets = [[where(d) for d in json.loads(open(p, encoding="utf-8").read())["dataset"]] for p in runs]
     got = metrics(shape, "09")
-    trained = [where(d) for d in swift_cli.parse(got["sft_single_command"], SftArguments)["dataset"]]
-    assert sorted(datasets) == sorted([[str(selfcog.SELF_COGNITION)], trained])
+    single = swift_cli.parse(got["sft_single_command"], SftArguments)
+    assert [where(d) for d in single["dataset"]] == [str(selfcog.SELF_COGNITION)]  # no general data here
+    rows = single["per_device_train_batch_size"] * single["gradient_accumulation_steps"]
+    sample = [where(f"{selfcog.SELF_COGNITION}#{gpu_check.GPU_CHECK['09']['ABLATION_STEPS'] * rows}")]
+    assert datasets == [sample, sample]
     assert {"forgetting_identity_only", "forgetting_identity_and_general"} <= set(got)  # both measured
 
 
