@@ -22,13 +22,8 @@ def _allreduce_on_the_link(allreduce_seconds):
             )
         if close(got, want * 1e6 / 2**20, rel=1e-9):
             raise Wrong(f"{nbytes} bytes at {rate} Mbit/s: {got!r} s; a Mbit is 10**6 bits, not 2**20.")
-        raise Wrong(
-            f"{nbytes} bytes at {rate} Mbit/s take at least {want:.4g} s; your function gives {got!r}."
-        )
-    return (
-        True,
-        "bytes × 8 / rate: the floor that the fitted line of section 1 approaches for large messages.",
-    )
+        raise Wrong(f"{nbytes} bytes at {rate} Mbit/s take at least {want:.4g} s; your function gives {got!r}.")
+    return True, "bytes × 8 / rate: the floor that the fitted line of section 1 approaches for large messages."
 
 
 @checker("07.2")
