@@ -272,9 +272,6 @@ class ThreadedDataParallel:
         self.replicas = [model] + [copy.deepcopy(model) for _ in range(k - 1)]
         self.optimizer = make_optimizer(model, lr)  # its state (momentum) exists on the main device only
 
-    def _in_threads(self, work) -> None:
-        run_in_threads(self.k, work)
-
     def step(self, x: torch.Tensor, y: torch.Tensor) -> Trace:
         """One training step on the global batch ``(x, y)``, following the original tutorial's nine steps."""
         k, trace = self.k, Trace(self.k)
@@ -285,34 +282,37 @@ class ThreadedDataParallel:
         for replica in self.replicas[1:]:
             replica.zero_grad(set_to_none=True)
 
-        # 1. scatter inputs: the main device sends each device its slice of the batch
+        # 1. scatter inputs: the main device sends each device its slice of the batch. Like torch's scatter it
+        # slices with Tensor.chunk, which may make fewer than k slices: the devices past them sit this step out
         chunks = []
-        for d, part in enumerate(x.tensor_split(k)):
+        for d, part in enumerate(x.chunk(k)):
             sent = nbytes(part) if d != MAIN else 0  # the main device's slice stays where it is
             with trace.record("scatter inputs", MAIN, f"x[{len(part)} rows] -> dev{d}", sent, MAIN, d):
                 chunks.append(part if d == MAIN else part.clone())
 
-        # 2. replicate model: the main device's current weights are copied to every other device
+        used = len(chunks)  # torch replicates to device_ids[:len(inputs)] only
+
+        # 2. replicate model: the main device's current weights are copied to every other device that got a slice
         with trace.record("replicate model", MAIN, "dev0 runs on the main weights themselves", 0, MAIN, MAIN):
             pass
-        for d in range(1, k):
+        for d in range(1, used):
             with trace.record("replicate model", MAIN, f"weights -> dev{d}", nbytes(weights), MAIN, d):
                 with torch.no_grad():
                     for mine, main in zip(self.replicas[d].parameters(), weights, strict=True):
                         mine.copy_(main)
 
         # 3. parallel forward: one thread per device, each on its own replica and slice
-        outputs: list[torch.Tensor | None] = [None] * k
+        outputs: list[torch.Tensor | None] = [None] * used
 
         def forward(d):
             with trace.record("parallel forward", d, f"forward of {len(chunks[d])} rows"):
                 outputs[d] = self.replicas[d](chunks[d])
 
-        self._in_threads(forward)
+        run_in_threads(used, forward)
 
         # 4. gather outputs: every device's outputs are copied to the main device and joined
         pieces = []
-        for d in range(k):
+        for d in range(used):
             sent = nbytes(outputs[d]) if d != MAIN else 0
             with trace.record("gather outputs", MAIN, f"outputs dev{d} -> dev0", sent, d, MAIN):
                 pieces.append(outputs[d].detach() if d == MAIN else outputs[d].detach().clone())
@@ -327,7 +327,7 @@ class ThreadedDataParallel:
         with trace.record("loss gradient", MAIN, "d loss / d outputs on dev0"):
             (grad_outputs,) = torch.autograd.grad(loss, gathered)
         grad_chunks = []
-        for d, part in enumerate(grad_outputs.tensor_split(k)):
+        for d, part in enumerate(grad_outputs.split([len(c) for c in chunks])):
             sent = nbytes(part) if d != MAIN else 0
             with trace.record("loss gradient", MAIN, f"d loss/d outputs -> dev{d}", sent, MAIN, d):
                 grad_chunks.append(part if d == MAIN else part.clone())
@@ -337,14 +337,14 @@ class ThreadedDataParallel:
             with trace.record("parallel backward", d, f"backward of {len(chunks[d])} rows"):
                 outputs[d].backward(grad_chunks[d])
 
-        self._in_threads(backward)
+        run_in_threads(used, backward)
 
         # 8. reduce gradients: each device's parameter gradients are copied to the main device and added
         with trace.record(
             "reduce gradients", MAIN, "dev0's own gradients are already in place", 0, MAIN, MAIN
         ):
             pass
-        for d in range(1, k):
+        for d in range(1, used):
             grads = [p.grad for p in self.replicas[d].parameters()]
             with trace.record(
                 "reduce gradients", MAIN, f"gradients dev{d} -> dev0, added", nbytes(grads), d, MAIN
@@ -361,7 +361,7 @@ class ThreadedDataParallel:
         trace.hold(
             MAIN, x, y, weights, [p.grad for p in weights], state, gathered, grad_outputs, outputs[MAIN]
         )
-        for d in range(1, k):
+        for d in range(1, used):
             replica = list(self.replicas[d].parameters())
             trace.hold(d, chunks[d], replica, [p.grad for p in replica], outputs[d], grad_chunks[d])
         trace.loss = loss.item()

@@ -71,6 +71,24 @@ def test_gradients_and_update_equal_a_single_device_step(k, batch):
     assert compare.largest_difference(mine, dp.make_model(SPEC)) > 1e-4  # the update did change the weights
 
 
+@pytest.mark.parametrize("rows, k", [(9, 4), (10, 4), (5, 4), (7, 3)])
+def test_an_uneven_batch_is_sliced_as_torch_chunk_slices_it_and_idle_devices_do_nothing(rows, k):
+    """torch's scatter slices with Tensor.chunk (fewer slices than devices when the rows run out) and
+    DataParallel replicates to device_ids[:len(inputs)]: the devices past the slices get no work at all."""
+    mine, reference = dp.make_model(SPEC), dp.make_model(SPEC)
+    x, y = dp.make_batch(SPEC, rows)
+    trace = dp.ThreadedDataParallel(mine, k).step(x, y)
+    want = [len(c) for c in x.chunk(k)]
+    forwards = sorted((e.device, e.what) for e in trace.events if e.step == "parallel forward")
+    assert forwards == [(d, f"forward of {n} rows") for d, n in enumerate(want)]
+    idle = set(range(len(want), k))
+    assert not [e for e in trace.events if e.device in idle or e.src in idle or e.dst in idle]
+    assert all(trace.held_bytes()[d] == 0 and trace.moved()[d] == 0 for d in idle)
+    loss = dp.single_device_step(reference, x, y)
+    assert abs(trace.loss - loss) < 1e-6
+    assert compare.largest_difference(mine, reference) < 1e-6
+
+
 def test_bytes_moved_follow_the_nine_steps(batch):
     k = 4
     model = dp.make_model(SPEC)
@@ -78,7 +96,7 @@ def test_bytes_moved_follow_the_nine_steps(batch):
     weights = bytecount.nbytes(model)
     by_step = {s: sum(e.nbytes for e in trace.events if e.step == s) for s in dp.STEPS}
     x, _ = batch
-    rows_elsewhere = BATCH - len(x.tensor_split(k)[0])
+    rows_elsewhere = BATCH - len(x.chunk(k)[0])
     assert by_step["scatter inputs"] == rows_elsewhere * SPEC.inputs * 4
     assert by_step["replicate model"] == (k - 1) * weights
     assert by_step["gather outputs"] == rows_elsewhere * SPEC.classes * 4

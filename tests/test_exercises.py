@@ -979,7 +979,61 @@ SCRIPT_RANK_FROM_ENVIRONMENT = ddp_script(**{
 })  # fmt: skip
 
 
+def summarize(value):
+    results = []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+        tensor = torch.tensor([float(value)])
+        dist.all_reduce(tensor, op=op)
+        results.append(tensor.item())
+    return tuple(results)
+
+
+def summarize_reusing_one_tensor(value):
+    tensor, results = torch.tensor([float(value)]), []
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+        dist.all_reduce(tensor, op=op)  # the second and third reduce the total, not the values
+        results.append(tensor.item())
+    return tuple(results)
+
+
+def summarize_in_one_tensor(value):
+    """Another right answer: the minimum as the maximum of the negated values, two all-reduces in all."""
+    total, extremes = torch.tensor([value], dtype=torch.float64), torch.tensor([value, -value], dtype=torch.float64)
+    work = dist.all_reduce(total, async_op=True)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    work.wait()
+    return [total, extremes[0], -extremes[1]]  # a list of 0-d tensors and numbers
+
+
+def summarize_by_gathering(value):
+    """Another right answer: gather every value, then compute on every rank."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, value)
+    return sum(everyone), max(everyone), min(everyone)
+
+
+def summarize_only_on_rank_0(value):
+    tensor = torch.tensor([float(value)])
+    if dist.get_rank() == 0:
+        dist.all_reduce(tensor)
+    return tensor.item(), value, value
+
+
 EXERCISES = {
+    "00.3": Exercise(
+        summarize,
+        [
+            (summarize_reusing_one_tensor, "works in place"),
+            (lambda value: (value, value, value), "its own value only"),
+            (lambda value: (lambda t: (dist.all_reduce(t), (t.item(), t.item(), t.item()))[1])(torch.tensor([value])),
+             "ReduceOp.MAX and ReduceOp.MIN"),
+            (lambda value: summarize(value)[:2], "three numbers"),
+            (lambda value: {"total": 1.0}, "three numbers"),
+            (summarize_only_on_rank_0, "same all-reduces, in the same order"),
+            (lambda value: (lambda t: (dist.all_reduce(t), None)[1])(torch.tensor([value])), "is a `return` missing"),
+        ],
+        returns,
+    ),
     "01.1": Exercise(
         combine,
         [
@@ -1046,6 +1100,20 @@ EXERCISES = {
             (lambda k: 1 / k, "upside down"),
             (lambda k: k - 1, "not 0"),
             (lambda k: k * k, "not 4"),
+        ],
+        returns,
+    ),
+    "02.4": Exercise(
+        lambda b, k: [len(c) for c in torch.arange(b).chunk(k)],
+        [
+            (lambda b, k: [len(c) for c in torch.arange(b).tensor_split(k)], "tensor_split's rule"),
+            (lambda b, k: [len(c) for c in torch.arange(b).chunk(k)] + [0] * (k - len(torch.arange(b).chunk(k))),
+             "leave it out"),
+            (lambda b, k: [b // k] * k, "every row goes somewhere"),
+            (lambda b, k: [-(-b // k)] * (k - 1) + [b - -(-b // k) * (k - 1)], "fewer than 0 rows"),
+            (lambda b, k: [-(-b // k)] * k, "every row goes somewhere"),
+            (lambda b, k: [float(n) for n in [len(c) for c in torch.arange(b).chunk(k)]], "whole numbers"),
+            (lambda b, k: b // k, "a list of row counts"),
         ],
         returns,
     ),
@@ -1322,6 +1390,18 @@ EXERCISES = {
         ],
         returns,
     ),
+    "08.2": Exercise(
+        lambda model: sum({t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}.values()),
+        [
+            (lambda model: sum(t.numel() * t.element_size() for t in model.state_dict().values()), "saved once"),
+            (lambda model: sum(p.numel() for p in model.parameters()) * model.dtype.itemsize, "element size"),
+            (lambda model: sum(p.numel() for p in model.parameters()) * 4, "element size"),
+            (lambda model: sum(p.numel() for p in model.parameters()), "number of elements"),
+            (lambda model: sum(p.nbytes for p in model.parameters()) / 1e9, "not a whole number"),
+            (lambda model: 2 * sum(p.nbytes for p in model.parameters()), "not"),  # weights and gradients
+        ],
+        returns,
+    ),
     "09.1": Exercise(
         lambda g, n, p: g // (n * p),
         [
@@ -1521,7 +1601,7 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3", "11.4"}
+ON_RANKS = {"00.3", "03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3", "11.4"}
 
 
 # Right answers written another way than the solution: each must pass as well.
@@ -1535,6 +1615,20 @@ ALSO_RIGHT = {
     "04.3": [average_hook_after, average_hook_in_buffer],
     "03.2": [in_two_into_tensors, in_two_async],
     "03.3": [ring_blocking_by_parity, ring_isend_irecv],
+    "00.3": [summarize_in_one_tensor, summarize_by_gathering],
+    "02.4": [
+        lambda batch, k: [len(part) for part in torch.arange(batch).chunk(k)],
+        lambda batch, k: (lambda size: [size] * (batch // size) + ([batch % size] if batch % size else []))(
+            math.ceil(batch / k)
+        ),
+    ],
+    "08.2": [
+        lambda model: sum(p.nbytes for p in model.parameters()),  # parameters() already lists a tied one once
+        lambda model: sum(
+            t.untyped_storage().nbytes()
+            for t in {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}.values()
+        ),
+    ],
     "07.2": [
         lambda f, b, c, u: 1 + min(b, c) / (f + max(b, c) + u),  # the saving over the overlapped step
         lambda forward, backward, comm, update: (
@@ -1970,3 +2064,15 @@ def test_every_exercise_states_its_minutes_and_has_a_hint_the_student_copy_keeps
         name for name, text in asked.items() if not re.search(r"<details><summary>Hint</summary>\n\n\S", text)
     ]
     assert not without, f"exercises without a hint: {without}"
+
+
+def test_08_2_checker_saves_the_tensor_bytes_that_save_pretrained_writes(tmp_path):
+    """08.2's checker saves with safetensors' save_model (no progress bar, no DeepSpeed import); the lesson
+    asks about the files save_pretrained writes: for every model it builds, the tensor bytes must agree."""
+    from helpers.exercises import nb08
+
+    for said, model, on_disk in nb08._saved_models():
+        folder = tmp_path / said.replace(" ", "_").replace(",", "")
+        model.save_pretrained(folder)
+        raw = (folder / "model.safetensors").read_bytes()
+        assert len(raw) - 8 - int.from_bytes(raw[:8], "little") == on_disk, said

@@ -25,6 +25,19 @@ def test_dataparallel_replicates_every_forward_through_broadcast_and_reduces_gra
     assert "nccl.reduce(" in source(comm.reduce_add)
 
 
+def test_dataparallel_scatters_through_c_scatter_and_replicates_only_to_devices_with_a_slice():
+    """02, section 1 and exercise 02.4: scatter hands the tensor to torch._C._scatter (whose C++,
+    torch/csrc/cuda/comm.cpp, slices with tensor.chunk when no sizes are given) and forward replicates to
+    device_ids[:len(inputs)]. The C++ is not installed; the Python ends of the path are checked here."""
+    from torch.nn.parallel import scatter_gather
+
+    assert "self.replicate(self.module, self.device_ids[: len(inputs)])" in source(torch.nn.DataParallel.forward)
+    assert "Scatter.apply(target_gpus, None, dim, obj)" in source(scatter_gather.scatter)
+    assert "comm.scatter(input, target_gpus, chunk_sizes, ctx.dim, streams)" in source(dp_functions.Scatter.forward)
+    assert "torch._C._scatter(tensor, devices, chunk_sizes, dim, streams)" in source(comm.scatter)
+    assert [len(c) for c in torch.arange(9).chunk(4)] == [3, 3, 3]  # the rule, on the CPU
+
+
 def test_sync_batchnorm_gathers_statistics_reduces_gradients_and_refuses_cpu_tensors():
     """01, section 2: what SyncBatchNorm communicates, and why the lesson's version is a simulation."""
     forward, backward = source(bn_functions.SyncBatchNorm.forward), source(bn_functions.SyncBatchNorm.backward)

@@ -1,8 +1,19 @@
-"""Notebook 00's exercise checkers: the gpu profile on four GPUs, an all-reduce's sum."""
+"""Notebook 00's exercise checkers: the gpu profile on four GPUs, an all-reduce's sum, three all-reduces on ranks."""
 
 from __future__ import annotations
 
-from helpers.exercises import Wrong, call, checker, close, integer, items, number
+from helpers.exercises import (
+    Wrong,
+    brief,
+    call,
+    checker,
+    close,
+    integer,
+    items,
+    lost_its_peer,
+    mistake_on_ranks,
+    number,
+)
 
 
 @checker("00.1")
@@ -33,3 +44,59 @@ def _all_reduce_sum(expected_sum):
             )
         raise Wrong(f"for {n} ranks every rank holds {want:g}, your function gives {got!r}.")
     return True, "All-reduce leaves the same sum, 1 + 2 + ... + n = n(n+1)/2, on every rank."
+
+
+VALUES = {2: (4.0, -1.5), 3: (4.0, -1.5, 2.5)}  # what each rank starts from, by the number of ranks
+
+
+def summary_of(values) -> tuple[float, float, float]:
+    return sum(values), max(values), min(values)
+
+
+@checker("00.3")
+def _summarize_on_ranks(summarize):
+    """A function value -> (total, largest, smallest) over every rank's value, run on 2 and 3 real ranks."""
+    if not callable(summarize):
+        raise Wrong(f"answer with a function (def ...), not {brief(summarize)}.")
+
+    def rank_part(rank, world):
+        return summarize(VALUES[world][rank])
+
+    def mistake(results, world):
+        values = VALUES[world]
+        want = summary_of(values)
+        for rank, got in enumerate(results):
+            said = f"On {world} ranks (values {list(values)}), rank {rank} returned {brief(got)}"
+            if got is None:
+                return f"{said}: is a `return` missing?"
+            try:
+                got = tuple(float(x) for x in got)
+            except (TypeError, ValueError):
+                return f"{said}; return a tuple of three numbers (total, largest, smallest)."
+            if len(got) != 3:
+                return f"{said}; return three numbers (total, largest, smallest)."
+            if close(list(got), list(want), rel=1e-6):
+                continue
+            if close(list(got), [want[0]] * 3, rel=1e-6):
+                return (f"{said}: the total three times. Largest and smallest need ReduceOp.MAX and ReduceOp.MIN, "
+                        "each on a new tensor of your value: all_reduce works in place, so after the first call "
+                        "a reused tensor holds the total on every rank.")
+            if close(list(got), [values[rank]] * 3, rel=1e-6):
+                return f"{said}: its own value only; each number needs an all_reduce over every rank."
+            if got[0] == want[0] and not close(list(got[1:]), list(want[1:]), rel=1e-6):
+                return f"{said}: the total is right; largest and smallest need ReduceOp.MAX and ReduceOp.MIN."
+            return f"{said}; every rank should return {want}."
+        return None
+
+    seen, wrong = mistake_on_ranks(rank_part, mistake)
+    if wrong and lost_its_peer(False, wrong):
+        raise Wrong(
+            "a rank waited in an all_reduce for a rank that had already returned: every rank must call the same "
+            f"all-reduces, in the same order ({wrong.split(':')[0]})."
+        )
+    if wrong:
+        raise Wrong(wrong)
+    return True, (
+        "Three all-reduces, each on a fresh tensor: SUM, MAX and MIN leave the same three numbers on every rank, "
+        "and each overwrites the tensor it is given."
+    )

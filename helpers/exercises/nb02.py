@@ -1,9 +1,9 @@
-"""Notebook 02's exercise checkers: replication bytes, the parallel steps, per-replica mean losses."""
+"""Notebook 02's exercise checkers: replication bytes, the parallel steps, per-replica mean losses, the scatter."""
 
 from __future__ import annotations
 
 from helpers.dataparallel import STEPS
-from helpers.exercises import Wrong, call, checker, close, integer, items, number
+from helpers.exercises import Wrong, brief, call, checker, close, integer, items, number
 
 
 @checker("02.1")
@@ -70,4 +70,37 @@ def _per_replica_mean_loss(fn):
     return (
         True,
         "k times: each slice's mean already weighs its rows by 1/(B/k). DDP therefore divides the all-reduced sum by the world size.",
+    )
+
+
+@checker("02.4")
+def _scatter_rows(fn):
+    """A function (batch, k) -> the rows each device gets from DataParallel's scatter, devices with none left out."""
+    import torch
+
+    cases = [(5, 4), (9, 4), (10, 4), (8, 4), (3, 8), (1, 2), (7, 1)]
+    cases += [(b, k) for k in range(1, 9) for b in range(1, 41)]
+    for batch, k in cases:
+        want = [len(c) for c in torch.arange(batch).chunk(k)]  # torch's own rule, as its scatter calls it
+        got, said = call(fn, batch, k)
+        got = items(got, said, None, (list, tuple), "a list of row counts, one per device that gets rows")
+        if any(isinstance(n, bool) or not isinstance(n, int) for n in got):
+            raise Wrong(f"{said} {brief(got)}; give whole numbers of rows (int), one per device.")
+        if got == want:
+            continue
+        if any(n < 0 for n in got):
+            raise Wrong(f"{said} {got}: no device gets fewer than 0 rows; once the rows run out, the slices stop.")
+        if sum(got) != batch:
+            raise Wrong(f"{said} {got}: {sum(got)} rows in all, but the batch has {batch}; every row goes somewhere.")
+        if [n for n in got if n] == want:
+            raise Wrong(f"{said} {got}: a device with no rows gets no slice at all (and no replica); leave it out.")
+        if got == [len(c) for c in torch.arange(batch).tensor_split(k)]:
+            raise Wrong(
+                f"{said} {got}, torch.tensor_split's rule (sizes differ by at most one). DataParallel slices with "
+                "Tensor.chunk: every slice but the last has ceil(batch / k) rows."
+            )
+        raise Wrong(f"a batch of {batch} rows over {k} devices is scattered as {want}, not {got}.")
+    return True, (
+        "Tensor.chunk gives ceil(batch / k) rows per slice until the rows run out: 9 rows on 4 devices make 3 "
+        "slices, and the fourth device idles. Keep the global batch a multiple of the devices."
     )
