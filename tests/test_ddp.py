@@ -410,6 +410,36 @@ def test_on_ranks_runs_a_notebook_function_on_real_ranks_and_reports_a_failed_or
     assert time.monotonic() - start < 10
 
 
+def test_on_ranks_brings_back_the_tensors_a_rank_returns_though_the_rank_has_exited(monkeypatch):
+    """Through multiprocessing's own pickler a returned tensor's storage travels as a file descriptor that the
+    parent fetches from the rank's process (torch's reduce_storage, multiprocessing's resource_sharer.DupFd);
+    a rank exits as soon as it has sent, so a parent that read late (a busy machine) got EOFError or
+    ConnectionResetError. Here the parent always reads late."""
+    import multiprocessing.queues
+
+    import torch
+
+    real_get = multiprocessing.queues.Queue.get
+
+    def late_get(self, *args, **kwargs):
+        time.sleep(0.5)  # the ranks have sent and exited by now
+        return real_get(self, *args, **kwargs)
+
+    monkeypatch.setattr(multiprocessing.queues.Queue, "get", late_get)
+
+    def tensors(rank, world):
+        return [torch.full((3,), float(rank)), torch.tensor([rank, -rank], dtype=torch.float64)[1]]
+
+    got = exercises.on_ranks(tensors, 3)
+    assert [[t.tolist() for t in pair] for pair in got] == [[[r] * 3, -r] for r in (0.0, 1.0, 2.0)]
+
+    def unpicklable(rank, world):
+        return lambda: rank
+
+    with pytest.raises(CourseError, match="rank 0 failed: its result could not be sent back"):
+        exercises.on_ranks(unpicklable, 2)
+
+
 def test_alpha_beta_fit_recovers_a_line_and_keeps_latency_non_negative():
     sizes = [2**18, 2**20, 2**22, 2**24]
     alpha, beta = collective.fit_alpha_beta(sizes, [1e-3 + s / 125e6 for s in sizes])  # 1 ms + 1 Gbit/s

@@ -21,6 +21,7 @@ import io
 import math
 import numbers
 import os
+import pickle
 import pkgutil
 import queue
 import sys
@@ -314,9 +315,16 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
             where = (mine or frames)[-1]  # the deepest line of the learner's own code, when there is one
             report = (rank, False, f"{type(exc).__name__}: {exc} (line {where.lineno}, in {where.name})")
         try:
+            # sent as plain pickle bytes: multiprocessing's own pickler, with torch's reducers, would pass a
+            # returned tensor's storage as a file descriptor that the parent fetches from this process, which
+            # exits at once below (the parent then read EOFError or ConnectionResetError: seen returning tensors)
+            try:
+                message = pickle.dumps(report)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable answer is the rank's error, said as such
+                message = pickle.dumps((rank, False, f"its result could not be sent back ({type(exc).__name__}: {exc})"))
             # heard before the teardown: destroy_process_group waits for a group's pending works when it has
             # completion hooks (pg._wait_for_pending_works() in torch 2.13), then shuts the backend down
-            results.put(report)
+            results.put(message)
             results.close()
             results.join_thread()  # the result is in the pipe before the group goes
             if dist.is_initialized():
@@ -331,7 +339,7 @@ def on_ranks(fn, world: int = 2, timeout: float = 60) -> list:
     try:
         while len(found) < world:
             try:
-                rank, ok, value = results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                rank, ok, value = pickle.loads(results.get(timeout=max(0.01, min(0.5, deadline - time.monotonic()))))
             except queue.Empty:
                 if time.monotonic() <= deadline:
                     continue
