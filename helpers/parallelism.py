@@ -304,20 +304,23 @@ def train(
     batch: int,
     lr: float = 1e-2,
     all_reduce: Callable = ring_all_reduce,
+    loss_fn: nn.Module | None = None,
+    optimizer: Callable = torch.optim.Adam,
 ) -> dict:
     """Train copies of ``model`` with ``workers`` simulated workers (1 = ordinary training).
 
     Each step takes the next ``batch`` samples, splits them into equal shards, lets each worker
     compute its gradient, all-reduces the gradients and divides by N, and lets every worker step
-    its own Adam optimizer (as in DDP, 每个进程都有独立的优化器). Returns losses and the replicas.
+    its own optimizer (Adam unless ``optimizer`` says otherwise; as in DDP, 每个进程都有独立的优化器).
+    ``loss_fn`` defaults to a mean cross-entropy. Returns losses and the replicas.
     """
     if batch % workers or len(x) % batch:
         raise ValueError(
             f"need batch ({batch}) divisible by workers ({workers}) and samples ({len(x)}) by batch"
         )
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     replicas = replicate(model, workers)
-    optimizers = [torch.optim.Adam(r.parameters(), lr=lr) for r in replicas]
+    optimizers = [optimizer(r.parameters(), lr=lr) for r in replicas]
     net = Network(workers)
     losses = []
     for step in range(steps):

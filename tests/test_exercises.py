@@ -1070,6 +1070,18 @@ EXERCISES = {
         ],
         lambda v: v,
     ),
+    "01.4": Exercise(
+        (1.0, 1 / 4),
+        [
+            ((0.25, 0.25), "Adam's ratio"),
+            ((1.0, 1.0), "SGD's step is lr × gradient"),
+            ((1.0, 4.0), "upside down"),
+            ((0.25, 1.0), "swapped"),
+            ((0.5, 0.25), "Adam's ratio"),
+            ([1.0, 0.25], "a tuple"),
+        ],
+        lambda v: (v, 0.25),
+    ),
     "02.1": Exercise(
         lambda k, w: (k - 1) * w,
         [

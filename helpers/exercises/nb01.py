@@ -1,4 +1,4 @@
-"""Notebook 01's exercise checkers: combining shard gradients, all-reduce traffic, training-state bytes."""
+"""Notebook 01's exercise checkers: shard gradients, all-reduce traffic, state bytes, sum losses in Adam."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from helpers.exercises import Wrong, call, checker, close, items, number, tensor
 from helpers.parallelism import (
     BF16_MIXED_ADAM,
     QWEN25_7B_PARAMETERS,
+    flat_params,
     gradient,
     make_classification,
     mlp,
@@ -15,6 +16,7 @@ from helpers.parallelism import (
     ring_all_reduce,
     simulate,
     traffic,
+    train,
 )
 
 
@@ -122,4 +124,40 @@ def _seven_b_memory(answer):
     return (
         True,
         f"{want:.1f} GB on every GPU, whatever N is: more than an 80 GB card, which is why ZeRO shards it.",
+    )
+
+
+def first_step_ratio(optimizer, workers: int = 4, lr: float = 1e-3) -> float:
+    """The first update's size with a sum loss averaged over ``workers`` shards, over its size on one worker."""
+    x, y = make_classification(64, seed=1)
+    start, sizes = mlp(seed=1), []
+    for n in (workers, 1):
+        run = train(start, x, y, workers=n, steps=1, batch=64, lr=lr, optimizer=optimizer,
+                    loss_fn=nn.CrossEntropyLoss(reduction="sum"))  # fmt: skip
+        sizes.append((flat_params(run["replicas"][0]) - flat_params(start)).norm().item())
+    return sizes[0] / sizes[1]
+
+
+@checker("01.4")
+def _sum_loss_under_adam_and_sgd(answer):
+    """(Adam's ratio, SGD's ratio): first update with averaged sum-loss gradients over the right one, N = 4."""
+    import torch
+
+    pair = items(answer, "your answer is", 2, what="a tuple (adam_ratio, sgd_ratio)")
+    adam, sgd = (number(v, "your answer holds", "(a ratio)") for v in pair)
+    want_adam, want_sgd = first_step_ratio(torch.optim.Adam), first_step_ratio(torch.optim.SGD)
+    if close(sgd, 1 / want_sgd, rel=1e-3):
+        return False, "upside down: the averaged gradients are the smaller ones, so each ratio is at most 1."
+    if close(adam, want_sgd, rel=1e-3) and close(sgd, want_adam, rel=1e-3):
+        return False, "swapped: the first number is Adam's, the second SGD's."
+    if not close(sgd, want_sgd, rel=1e-3):
+        return False, f"SGD's step is lr × gradient: 4 times smaller gradients give {want_sgd:g}, not {sgd!r}."
+    if not close(adam, want_adam, rel=1e-3):
+        return False, (
+            f"Adam's ratio is {want_adam:.6f}, not {adam!r}: its first step is lr · m / (√v + eps), and gradients "
+            "4 times smaller make m and √v 4 times smaller alike."
+        )
+    return True, (
+        "SGD: 1/N, as if the learning rate were divided by N. Adam: about 1, since it divides by the gradients' "
+        "own size: the mistake hides under Adam and shows under SGD."
     )
