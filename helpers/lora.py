@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -53,6 +54,14 @@ def adapter_tensors(checkpoint) -> int:
 
     with safe_open(str(Path(checkpoint) / "adapter_model.safetensors"), "pt") as handle:
         return len(list(handle.keys()))
+
+
+def adapter_parameters(checkpoint) -> int:
+    """How many numbers the adapter file holds, summed from its tensors' shapes (none of them loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(checkpoint) / "adapter_model.safetensors"), "pt") as handle:
+        return sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
 
 
 def fingerprint(folder) -> str:

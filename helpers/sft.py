@@ -329,6 +329,7 @@ class RunLog:
     summary: dict  # train_runtime, train_samples_per_second, train_steps_per_second, train_loss
     last_checkpoint: Path | None
     elapsed: list[float] = field(default_factory=list)  # seconds since training began, at each logged step
+    grad_norm: list[float] = field(default_factory=list)  # the gradients' norm at each logged step, before clipping
 
     def step_seconds(self, last: int) -> list[float]:
         """How long each of steps 2 to ``last`` took (logged every step). Step 1 is left out: it holds the
@@ -415,6 +416,7 @@ def read_log(output_dir) -> RunLog:
         summary=summary,
         last_checkpoint=last,
         elapsed=[s * float(curve[s].get("train_speed(s/it)", float("nan"))) for s in steps],
+        grad_norm=[float(curve[s].get("grad_norm", float("nan"))) for s in steps],
     )
 
 

@@ -1456,6 +1456,22 @@ EXERCISES = {
         ],
         lambda v: lambda p: (3, v),
     ),
+    "09.4": Exercise(
+        (0.25, True, 2.0),
+        [
+            ((0.25, False, 2.0), "PEFT starts every B at zero"),
+            ((0.25, True, 1.0), "scaled by lora_alpha / lora_rank"),
+            ((0.25, True, 4.0), "its size goes as √r"),
+            ((0.25, True, 0.5), "the scale alpha / r also changes"),
+            ((0.25, True, 0.25), "that is the parameters' ratio"),
+            ((4.0, True, 2.0), "upside down"),
+            ((1 / 16, True, 2.0), "not quadratic"),
+            ((1.0, True, 2.0), "r × (in + out)"),
+            ((0.25, "True", 2.0), "True or False"),
+            ((0.25, True), "a tuple (trainable_ratio, same_first_loss, grad_norm_ratio)"),
+        ],
+        lambda v: (v, True, 2.0),
+    ),
     "10.1": Exercise(
         lambda W, A, B, alpha, r: W + (alpha / r) * B @ A,
         [
@@ -1647,6 +1663,10 @@ ALSO_RIGHT = {
             sum((forward, backward, comm, update))
             / (forward + update + (comm if comm > backward else backward))
         ),
+    ],
+    "09.4": [
+        (2 / 8, 1 == 1.0, (32 / 2) / (32 / 8) * math.sqrt(2 / 8)),  # computed from the formulas: exactly 2
+        (1 / 4, bool(torch.tensor(1.3341) == torch.tensor(1.3341)), 2.07),  # a measured ratio, as SWIFT logged it
     ],
     "10.3": [merge_scale_by_lstsq, merge_scale_median_of_layers],
     "11.4": [zero1_contiguous, Zero1ByBytes],

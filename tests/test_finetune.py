@@ -237,7 +237,7 @@ def swift_like_log(folder, steps=3):
     lines = [
         {
             "loss": 2.0 / s,
-            "grad_norm": 1.0,
+            "grad_norm": 1.5 * s,
             "learning_rate": 1e-3,
             "token_acc": 0.3 * s,
             "epoch": s / 10,
@@ -271,6 +271,7 @@ def test_read_log_turns_logging_jsonl_into_curves(tmp_path):
     log = sft.read_log(tmp_path / "run")
     assert log.steps == [1, 2, 3]
     assert log.loss == pytest.approx([2.0, 1.0, 2 / 3])
+    assert log.grad_norm == pytest.approx([1.5, 3.0, 4.5])
     assert log.final_token_acc == pytest.approx(0.9)
     assert log.summary["train_samples_per_second"] == pytest.approx(0.96)
     assert log.last_checkpoint == tmp_path / "run" / "checkpoint-3"
@@ -280,6 +281,24 @@ def test_read_log_turns_logging_jsonl_into_curves(tmp_path):
         and row["global batch"] == 4
         and row["final loss"] == pytest.approx(0.6667, abs=1e-4)
     )
+
+
+def test_adapter_parameters_counts_the_numbers_in_peft_s_adapter_file(tmp_path):
+    """09.4 reads its table's counts from the saved files: PEFT's own count of trainable parameters, linear in r."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    counts = {}
+    for rank in (2, 8):
+        torch.manual_seed(0)
+        model = get_peft_model(transformers.LlamaForCausalLM(config), LoraConfig(r=rank, target_modules="all-linear"))
+        model.save_pretrained(tmp_path / f"r{rank}")
+        counts[rank] = lora.adapter_parameters(tmp_path / f"r{rank}")
+        assert counts[rank] == model.get_nb_trainable_parameters()[0], rank
+    assert counts[8] == 4 * counts[2]
 
 
 def test_read_log_falls_back_to_trainer_state(tmp_path):

@@ -8,21 +8,26 @@ from helpers import paths
 
 README = paths.ROOT / "README.md"
 README_ZH = paths.ROOT / "README.zh-CN.md"
-ROW = re.compile(r"^\| (\d\d) \| .*\| (?:about|约) (\d+) (?:min|分钟) \| (\d+) (?:s|秒) \|$", re.M)
+ROW = re.compile(
+    r"^\| (\d\d) \| .*\| (?:about|约) (\d+) (?:min|分钟)(?: \+ (\d+) further| \+ 进阶 (\d+) 分钟)? \| (\d+) (?:s|秒) \|$", re.M
+)
 
 
-STATED = re.compile(r"\*\*(\d\d\.\d)\*\* \*\(about (\d+) min\)\*")  # "**03.3** *(about 25 min)*"
+STATED = re.compile(r"\*\*(\d\d\.\d)\*\* \*\(about (\d+) min(, going further)?\)\*")  # "**03.3** *(about 25 min)*"
 
 
-def learner_minutes(notebook) -> float:
-    """The README's estimate: prose at 150 words a minute, a minute per code cell, each exercise's stated minutes."""
+def learner_minutes(notebook) -> tuple[float, int]:
+    """The README's estimate: prose at 150 words a minute, a minute per code cell, each exercise's stated minutes;
+    the exercises marked "going further" apart, as (the lesson, the further exercises)."""
     cells = json.loads(notebook.read_text())["cells"]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = set(re.findall(r'check\("(\d\d\.\d+)"', "\n".join("".join(c["source"]) for c in cells)))
-    stated = dict(STATED.findall("\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")))
+    stated = {n: (int(m), bool(f)) for n, m, f in STATED.findall("\n".join("".join(c["source"]) for c in cells
+                                                                           if c["cell_type"] == "markdown"))}
     assert set(stated) == exercises, f"{notebook.name}: exercises that state no minutes: {sorted(exercises - set(stated))}"
-    return words / 150 + code + sum(int(minutes) for minutes in stated.values())
+    further = sum(minutes for minutes, apart in stated.values() if apart)
+    return words / 150 + code + sum(minutes for minutes, apart in stated.values() if not apart), further
 
 
 def test_the_readme_is_a_landing_page_that_says_how_to_start_first():
@@ -37,13 +42,20 @@ def test_the_readme_is_a_landing_page_that_says_how_to_start_first():
 def test_both_syllabi_give_each_notebook_its_learner_time_and_its_recorded_cpu_time():
     notebooks = {nb.name[:2]: nb for nb in course_notebooks()}
     for readme in (README, README_ZH):
-        rows = {n: (int(minutes), int(seconds)) for n, minutes, seconds in ROW.findall(readme.read_text())}
+        rows = {n: (int(minutes), int(en or zh or 0), int(seconds)) for n, minutes, en, zh, seconds in ROW.findall(readme.read_text())}
         assert sorted(rows) == sorted(notebooks), f"{readme.name}: syllabus rows {sorted(rows)}"
-        for number, (minutes, seconds) in rows.items():
+        for number, (minutes, further, seconds) in rows.items():
             recorded = json.loads(notebooks[number].read_text())["metadata"]["course_run"]["seconds"]
             assert seconds == recorded, f"{readme.name}: {number} says {seconds} s, its last run took {recorded} s"
-            estimate = learner_minutes(notebooks[number])
+            estimate, stated_further = learner_minutes(notebooks[number])
             assert abs(minutes - estimate) <= 5, f"{readme.name}: {number} says {minutes} min, the estimate is {estimate:.0f}"
+            assert further == stated_further, f"{readme.name}: {number} says {further} min going further, its exercises {stated_further}"
+
+
+def test_no_lesson_is_over_about_75_minutes_without_its_going_further_exercises():
+    for notebook in course_notebooks():
+        lesson, _ = learner_minutes(notebook)
+        assert lesson <= 78, f"{notebook.name}: about {lesson:.0f} min; mark an exercise going further or split the lesson"
 
 
 WORKSHOP = paths.ROOT / "WORKSHOP.md"

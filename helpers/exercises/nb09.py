@@ -1,11 +1,12 @@
-"""Notebook 09's exercise checkers: accumulation steps, filling SWIFT's placeholders, reading its log."""
+"""Notebook 09's exercise checkers: accumulation steps, placeholders, SWIFT's log, a changed LoRA rank."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
-from helpers.exercises import Wrong, brief, call, checker, integer, items, number
+from helpers.exercises import Wrong, brief, call, checker, close, integer, items, number
 from helpers.paths import write_jsonl
 from helpers.selfcog import fill_placeholders, self_cognition_rows
 
@@ -169,3 +170,74 @@ def _check_last_logged(fn):
                 why = "the summary line (train_runtime) and the closing line (log_history) are not steps, nor is eval_loss"
             raise Wrong(f"for the log\n{shown_lines}\nthe answer is {want!r}, not {(step, loss)!r}: {why}.")
     return True, "that is how the curves in this notebook are read."
+
+
+@functools.cache
+def rank_change(seeds: int = 5, alpha: int = 32) -> tuple[float, bool, float]:
+    """LoRA of rank 2 beside rank 8 (alpha 32) on a small random Llama: the ratio of trainable parameters,
+    whether the loss before any update is equal, and the ratio of the first gradients' norms (mean over seeds)."""
+    import copy
+
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    counts, equal, norms = [], True, []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        base = transformers.LlamaForCausalLM(config).eval()
+        ids = torch.randint(0, config.vocab_size, (4, 24), generator=torch.Generator().manual_seed(seed))
+        found = {}
+        for rank in (2, 8):
+            lora = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0)
+            model = get_peft_model(copy.deepcopy(base), lora)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            trained = [p for p in model.parameters() if p.requires_grad]
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in trained]))
+            found[rank] = (sum(p.numel() for p in trained), loss.item(), norm.item())
+        counts.append(found[2][0] / found[8][0])
+        equal = equal and found[2][1] == found[8][1]
+        norms.append(found[2][2] / found[8][2])
+    return sum(counts) / seeds, equal, sum(norms) / seeds
+
+
+@checker("09.4")
+def _check_rank_change(answer):
+    """(trainable ratio, same step-1 loss, step-1 gradient-norm ratio): rank 2 over rank 8, lora_alpha 32."""
+    parts = items(answer, "your answer is", 3, what="a tuple (trainable_ratio, same_first_loss, grad_norm_ratio)")
+    ratio = number(parts[0], "your trainable_ratio is", "(a ratio)")
+    if not isinstance(parts[1], bool):
+        raise Wrong(f"your same_first_loss is {brief(parts[1])}; it is True or False.")
+    norm_ratio = number(parts[2], "your grad_norm_ratio is", "(a ratio)")
+    want_ratio, want_equal, want_norm = rank_change()
+    if not close(ratio, want_ratio, rel=1e-9):
+        if close(ratio, 1 / want_ratio, rel=1e-9):
+            why = "upside down: rank 2 over rank 8, and the smaller rank trains fewer parameters"
+        elif close(ratio, want_ratio**2, rel=1e-9):
+            why = "each LoRA pair holds r × in + out × r numbers: linear in r, not quadratic"
+        else:
+            why = "each LoRA pair beside a linear layer holds A (r × in) and B (out × r): r × (in + out) numbers"
+        return False, f"the trainable ratio is {want_ratio:g}, not {ratio!r}: {why}."
+    if parts[1] != want_equal:
+        return False, (
+            "step 1's loss is computed before any update, and PEFT starts every B at zero: B A = 0, so at step 1 "
+            "the adapted model is the base model, whatever the rank."
+        )
+    if not close(norm_ratio, want_norm, rel=0.25):
+        hints = {
+            1.0: "the rank does change it: the adapter's output is scaled by lora_alpha / lora_rank",
+            4.0: "the scale alpha / r is 4 times larger at rank 2, but A x has r entries, so its size goes as √r",
+            0.5: "A x has r entries, so its size goes as √r, but the scale alpha / r also changes, 4 times",
+            0.25: "that is the parameters' ratio; a gradient's size is another thing",
+        }
+        hint = next((h for v, h in hints.items() if close(norm_ratio, v, rel=0.05)), "")
+        hint = hint or "B's gradient is (alpha / r) × (the error) × (A x)ᵀ, and ‖A x‖ grows as √r"
+        return False, f"measured here the gradient-norm ratio is about {want_norm:.1f}, not {norm_ratio!r}: {hint}."
+    return True, (
+        f"a quarter of the parameters, the same first loss, and about {want_norm:.1f}× the first gradient: "
+        "alpha / r is 16 at rank 2 and 4 at rank 8."
+    )
