@@ -39,8 +39,9 @@ help:
 	@echo "              lint, book, zh, hub and student do: the tests', linters', site's and hub's as well)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks; vulture for dead code"
 	@echo "make unit     the unit tests, the longest beside them; make notebooks: every notebook on smoke under nbval"
-	@echo "Parts of make test: unit-main, unit-long, unit-scripts, unit-hub, gpu-shape-1, gpu-shape-2, stream-units,"
-	@echo "                    stream-notebooks"
+	@echo "              (SKIP=\"03 04\" leaves those out)"
+	@echo "Parts of make test: unit-main, unit-heavy, unit-long, unit-scripts, unit-hub, gpu-shape-1, gpu-shape-2,"
+	@echo "                    stream-units, stream-notebooks"
 
 # Set-up's group: the learner's packages (requirements-lock.txt) for run, lab and the targets that only run
 # notebooks; the development group as well (requirements-lock-dev.txt) where tests, linters, the site, the
@@ -63,14 +64,21 @@ lint: setup
 # `make hub` in Chromium. Each stream's output follows when it ends.
 unit: setup
 	@echo "unit tests, the longest beside the others (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-long unit-scripts unit-hub
+	@$(MAKE) --no-print-directory -j2 --output-sync=target unit-main unit-heavy unit-long unit-scripts unit-hub
 
 SHAPE := tests/test_gpu_shape.py
 LONG := tests/test_book.py tests/test_install.py
 SCRIPTS_TEST := tests/test_scripts.py
 HUB_TEST := tests/test_hub.py
+# the unit tests that start the most processes (every exercise's checker, on real ranks where it runs there; the
+# runner's own notebook runs; 11's ZeRO-2 pitfall through SWIFT): about half of the unit tests' time, so that
+# make test can put one half in each stream
+HEAVY := tests/test_exercises.py tests/test_notebooks.py tests/test_zero_pitfall.py
 unit-main:
-	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST) $(HUB_TEST))
+	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST) $(HUB_TEST) $(HEAVY))
+
+unit-heavy:
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/heavy $(BIN)/python -m pytest -p no:cacheprovider -ra --durations=5 $(HEAVY)
 
 # the scripts a learner can take away, each under plain torchrun: a launch apiece, so beside the units
 unit-scripts:
@@ -84,28 +92,41 @@ unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
 
 # the 1-process shape runs only the notebooks whose gpu path on one GPU differs from two's (gpu_check.ONE_GPU_PATHS)
+# A glyph a plot's font lacks (Chinese in a figure) fails the cell, in the notebooks stage and in the gpu shape.
+GLYPHS_FAIL := PYTHONWARNINGS=error:Glyph:UserWarning
 gpu-shape-1 gpu-shape-2:
-	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(GLYPHS_FAIL) $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
 		-k "$(subst gpu-shape-,,$@)-process"
 
-# make test's two streams, about equally long on 2 cores; each runs all its parts even when one fails
+# 03-06 run whole in the 2-process gpu shape: their lesson on two CPU ranks, as on every machine, their GPU cell
+# besides, their checked outputs compared (tests/test_gpu_shape.py). The notebooks stage leaves them to it
+# (tests/test_gpu_check.py holds this list to the notebooks that call profiles.ranks_on_cpu).
+WHOLE_IN_SHAPE := 03 04 05 06
+
+# make test's two streams, about equally long on 2 cores (the unit tests split in two, one half in each); each
+# runs all its parts even when one fails
 stream-units:
-	@status=0; for part in unit-main gpu-shape-2 unit-long unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in unit-heavy gpu-shape-2 unit-long unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; for part in gpu-shape-1 notebooks unit-scripts; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; $(MAKE) --no-print-directory gpu-shape-1 || status=1; \
+		$(MAKE) --no-print-directory notebooks SKIP="$(WHOLE_IN_SHAPE)" || status=1; \
+		for part in unit-scripts unit-main; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
-# Every English notebook on smoke, and one Chinese one as a spot check (their code is the English code,
-# tests/test_translation.py). A glyph a plot's font lacks (Chinese in a figure) fails the cell.
+# Every English notebook on smoke but those SKIP names, and one Chinese one as a spot check (their code is the
+# English code, tests/test_translation.py).
+SKIP ?=
 notebooks: setup
-	COURSE_TEST_BUILD=$(CURDIR)/build/test/notebooks COURSE_PROFILE=smoke PYTHONWARNINGS=error:Glyph:UserWarning \
-		$(BIN)/python -m pytest -p no:cacheprovider --durations=10 \
-		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/[0-9]*.ipynb notebooks/zh/01_*.ipynb
+	COURSE_TEST_BUILD=$(CURDIR)/build/test/notebooks COURSE_PROFILE=smoke $(GLYPHS_FAIL) \
+		$(BIN)/python -m pytest -p no:cacheprovider --durations=10 --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=600 $(filter-out $(foreach n,$(SKIP),notebooks/$(n)_%),$(wildcard notebooks/[0-9]*.ipynb)) \
+		notebooks/zh/01_*.ipynb
 
-# make test: lint, then two streams side by side, one per core: the unit tests, then make gpu-check in its
-# gpu shape for 2 processes, then LONG and the hub; and the same for 1 process, then the notebooks and scripts.
+# make test: lint, then two streams side by side, one per core: the heavy half of the unit tests, then make
+# gpu-check in its gpu shape for 2 processes, then LONG and the hub; and the same for 1 process, then the
+# notebooks (but WHOLE_IN_SHAPE), the scripts and the other half of the unit tests.
 test: lint
-	@echo "two streams side by side: unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks (each stream's output follows when it ends) ..."
+	@echo "two streams side by side: half the unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks but 03-06 (whole in NPROC=2), the scripts, the other half (each stream's output follows when it ends) ..."
 	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m course.runner gpu-check --dry

@@ -178,6 +178,29 @@ def test_the_1_process_gpu_shape_runs_the_notebooks_whose_gpu_path_depends_on_on
     assert set(gpu_check.ONE_GPU_PATHS) <= set(gpu_check.GPU_CHECK)
 
 
+def whole_in_shape() -> list[str]:
+    """The notebooks the 2-process gpu shape runs cell by cell on the paths they take without a GPU: those of
+    GPU_CHECK whose lesson runs on CPU ranks on every machine (they call profiles.ranks_on_cpu)."""
+    return [number for number in sorted(gpu_check.GPU_CHECK)
+            if "profiles.ranks_on_cpu(" in course_notebooks([number])[0].read_text()]  # fmt: skip
+
+
+def test_the_notebooks_stage_leaves_to_the_gpu_shape_exactly_the_lessons_it_runs_whole():
+    """make test's smoke notebooks stage skips the Makefile's WHOLE_IN_SHAPE, which the 2-process gpu shape runs
+    cell by cell (tests/test_gpu_shape.py compares their checked outputs there): exactly whole_in_shape(), none
+    of them a notebook whose GPU count decides anything outside its GPU cell. Every other notebook stays."""
+    whole = whole_in_shape()
+    assert whole and not set(whole) & set(gpu_check.ONE_GPU_PATHS)
+    stream = subprocess.run(["make", "-n", "stream-notebooks"], cwd=paths.ROOT, capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    [skip] = re.findall(r'make --no-print-directory notebooks SKIP="([^"]*)"', stream)
+    assert skip.split() == whole
+    stage = subprocess.run(["make", "-n", "notebooks", f"SKIP={skip}"], cwd=paths.ROOT, capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    ran = sorted(word.rpartition("/")[2][:2] for word in stage.split() if re.fullmatch(r"notebooks/\d\d_\w+\.ipynb", word))
+    assert ran == sorted(set(n.name[:2] for n in course_notebooks()) - set(whole))
+
+
 def test_without_a_gpu_the_real_check_stops_with_one_sentence_naming_the_fix(monkeypatch, capsys):
     """A CPU build of torch (the lock's): the check says so, with torch.version.cuda, and what to do."""
     import torch

@@ -5,7 +5,9 @@ COURSE_GPU_SHAPE_ON_CPU=1 takes every gpu value of every pick and the original t
 checkpointing, the system prompt) on the tiny Qwen2, with gloo for nccl and no CUDA. The 2-process run holds
 every notebook of GPU_CHECK; the 1-process run the notebooks whose gpu path on one GPU is not their path on two
 (gpu_check.ONE_GPU_PATHS, which tests/test_gpu_check.py holds to the notebooks' code): no notebook runs more
-often than that.
+often than that. 03-06 (the Makefile's WHOLE_IN_SHAPE) run here and nowhere else in make test: the 2-process run
+executes their lesson on the CPU ranks it takes on every machine, their GPU cell besides, and compares their
+checked outputs with the committed ones, as the notebooks stage's nbval does for the others.
 
 What a notebook did is read from what it recorded (``report.record``, which the runner collects into the
 run's report.json), from the commands its launches ran (each recorded as ``Launch.command``) and from the
@@ -20,6 +22,7 @@ import subprocess
 import nbformat
 import pytest
 import swift_cli
+import test_gpu_check
 
 from course import gpu_check
 from helpers import lora, paths, selfcog, swiftcli
@@ -191,6 +194,32 @@ def test_11_and_12_run_the_commands_they_show(shape):
     got = swift_cli.parse(nine["base_default_template_command"], SftArguments)
     assert got["template"] == "default" and got["model"].endswith("tiny-qwen2-bf16")
     assert len(nine["base_model_default_template_losses"]) == gpu_check.GPU_CHECK["12"]["SWIFT_STEPS"]  # steps logged
+
+
+def checked_outputs(notebook) -> dict:
+    """What nbval compares in a ``# NBVAL_CHECK_OUTPUT`` cell, by cell id: each stream's text and each text/plain
+    value (pictures left out, as ``--nbval-lax`` leaves them)."""
+    found = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and cell.source.startswith("# NBVAL_CHECK_OUTPUT"):
+            streams, values = {}, []
+            for output in cell.outputs:
+                if output.output_type == "stream":
+                    streams[output.name] = streams.get(output.name, "") + output.text
+                elif "text/plain" in output.get("data", {}):
+                    values.append(output.data["text/plain"])
+            found[cell.id] = (streams, values)
+    return found
+
+
+def test_the_lessons_it_runs_whole_print_their_checked_outputs_as_committed(shape):
+    """03-06 run here cell by cell and nowhere else in make test (test_gpu_check.whole_in_shape): the checks nbval
+    makes in the notebooks stage are made here, each checked cell's text against the committed notebook's."""
+    for number in ran(shape, *test_gpu_check.whole_in_shape()):
+        [executed] = (shape["folder"] / "executed").glob(f"{number}_*.ipynb")
+        committed = checked_outputs(nbformat.read(paths.NOTEBOOKS / executed.name, as_version=4))
+        assert committed, f"{executed.name} has no checked cell"
+        assert checked_outputs(nbformat.read(executed, as_version=4)) == committed, executed.name
 
 
 def test_every_gpu_notebook_ends_holding_no_model(shape):
