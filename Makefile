@@ -106,12 +106,12 @@ WHOLE_IN_SHAPE := 03 04 05 06
 # make test's two streams, about equally long on 2 cores (the unit tests split in two, one half in each); each
 # runs all its parts even when one fails
 stream-units:
-	@status=0; for part in unit-heavy gpu-shape-2 unit-long unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+	@status=0; for part in unit-heavy gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
 	@status=0; $(MAKE) --no-print-directory gpu-shape-1 || status=1; \
 		$(MAKE) --no-print-directory notebooks SKIP="$(WHOLE_IN_SHAPE)" || status=1; \
-		for part in unit-scripts unit-main; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+		for part in unit-scripts unit-main unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke but those SKIP names, and one Chinese one as a spot check (their code is the
 # English code, tests/test_translation.py).
@@ -123,10 +123,10 @@ notebooks: setup
 		notebooks/zh/01_*.ipynb
 
 # make test: lint, then two streams side by side, one per core: the heavy half of the unit tests, then make
-# gpu-check in its gpu shape for 2 processes, then LONG and the hub; and the same for 1 process, then the
-# notebooks (but WHOLE_IN_SHAPE), the scripts and the other half of the unit tests.
+# gpu-check in its gpu shape for 2 processes, then LONG; and the same for 1 process, then the notebooks (but
+# WHOLE_IN_SHAPE), the scripts, the other half of the unit tests and the hub.
 test: lint
-	@echo "two streams side by side: half the unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks but 03-06 (whole in NPROC=2), the scripts, the other half (each stream's output follows when it ends) ..."
+	@echo "two streams side by side: half the unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks but 03-06 (whole in NPROC=2), the scripts, the other half, the hub (each stream's output follows when it ends) ..."
 	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m course.runner gpu-check --dry

@@ -56,10 +56,28 @@ def _in_two_mistake(world: int, length: int, rank: int, calls: list) -> str | No
     return None
 
 
+def _sum_on_rank(fn, name: str, rank: int, world: int, lengths, seen: list) -> dict:
+    """On one rank, the learner's all-reduce ``fn`` (``name``) of this rank's input (``_ring_input``) for each of
+    ``lengths``: what it returned, whether it left the input as it was, and what its watch put in ``seen``."""
+    import torch
+
+    got = {}
+    for length in lengths:
+        mine = torch.tensor(_ring_input(rank, length), dtype=torch.float64)
+        before = mine.clone()
+        seen.clear()
+        out = fn(mine)
+        if out is None:
+            raise NotAnswered(f"on rank {rank} of {world}, {name} returned None (is a `return` missing?).")
+        if not isinstance(out, torch.Tensor) or out.dtype == torch.bool:
+            raise Wrong(f"on rank {rank} of {world}, {name} returned {brief(out)}, not a tensor.")
+        got[length] = (out.detach().double().tolist(), torch.equal(mine, before), list(seen))
+    return got
+
+
 @checker("03.2")
 def _all_reduce_in_two(fn):
     """A function (tensor) -> the sum of every rank's ``tensor``, made of a reduce-scatter and an all-gather."""
-    import torch
 
     from helpers.exercises.watch import watch
 
@@ -68,23 +86,9 @@ def _all_reduce_in_two(fn):
             f"rank {rank} called dist.{name}: build the sum from one dist.reduce_scatter and one dist.all_gather "
             "(section 2), and no other collective."
         ))  # fmt: skip
-        calls, got = [], {}
+        calls = []
         watch(REDUCE_SCATTERS + ALL_GATHERS, lambda name, arguments: calls.append((name, _piece(name, arguments))))
-        for length in (world, 4 * world, 12 * world):
-            mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
-            before = mine.clone()
-            calls.clear()
-            out = fn(mine)
-            if out is None:
-                raise NotAnswered(
-                    f"on rank {rank} of {world}, all_reduce_in_two returned None (is a `return` missing?)."
-                )
-            if not isinstance(out, torch.Tensor) or out.dtype == torch.bool:
-                raise Wrong(
-                    f"on rank {rank} of {world}, all_reduce_in_two returned {brief(out)}, not a tensor."
-                )
-            got[length] = (out.detach().double().tolist(), torch.equal(mine, before), list(calls))
-        return got
+        return _sum_on_rank(fn, "all_reduce_in_two", rank, world, (world, 4 * world, 12 * world), calls)
 
     for world in (2, 3):
         try:
@@ -230,30 +234,15 @@ def _watch_ring(sent: list, rank: int, world: int):
 @checker("03.3")
 def _ring_all_reduce(fn):
     """A function (tensor) -> the sum of every rank's ``tensor``, as a ring of sends and receives."""
-    import torch
 
     def rank_part(rank, world):
         forbid(RING_FORBIDDEN, lambda name: (
             f"rank {rank} called dist.{name}: a ring is built from sends and receives between neighbours only "
             "(send, recv, isend, irecv, batch_isend_irecv)."
         ))  # fmt: skip
-        sent, got = [], {}
+        sent = []
         _watch_ring(sent, rank, world)
-        for length in (world, 3 * world, 10 * world):
-            mine = torch.arange(length, dtype=torch.float64) * (rank + 1) + 0.5 * rank
-            before = mine.clone()
-            sent.clear()
-            out = fn(mine)
-            if out is None:
-                raise NotAnswered(
-                    f"on rank {rank} of {world}, ring_all_reduce returned None (is a `return` missing?)."
-                )
-            if not isinstance(out, torch.Tensor) or out.dtype == torch.bool:
-                raise Wrong(
-                    f"on rank {rank} of {world}, ring_all_reduce returned {brief(out)}, not a tensor."
-                )
-            got[length] = (out.detach().double().tolist(), torch.equal(mine, before), list(sent))
-        return got
+        return _sum_on_rank(fn, "ring_all_reduce", rank, world, (world, 3 * world, 10 * world), sent)
 
     for world in (2, 3, 4):
         try:
