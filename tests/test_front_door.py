@@ -90,6 +90,26 @@ def test_each_workshop_route_adds_up_to_the_minutes_it_states():
         assert sum(int(row[2]) for row in rows) == stated, f"{name}: rows add up to {sum(int(r[2]) for r in rows)}"
 
 
+def test_each_workshop_run_all_is_the_notebooks_recorded_cpu_time():
+    """The room's timings are the README's: each route row's "Run All (N s)" (or "about N min") is the notebook's
+    last recorded cpu run, and the room's rule of thumb spans the recorded times."""
+    recorded = {nb.name[:2]: json.loads(nb.read_text())["metadata"]["course_run"]["seconds"] for nb in course_notebooks()}
+    said = 0
+    for name, (_, rows) in routes().items():
+        for row in rows:
+            m = re.match(r"(\d\d) · ", row[1])
+            for seconds in re.findall(r"Run All \((\d+) s\)", row[3]) if m else ():
+                assert int(seconds) == recorded[m.group(1)], f"{name}: {m.group(1)} says {seconds} s, its last run took {recorded[m.group(1)]} s"
+                said += 1
+            for minutes in re.findall(r"Run All at the start \(about (\d+) min\)", row[3]) if m else ():
+                assert int(minutes) == round(recorded[m.group(1)] / 60), f"{name}: {m.group(1)} says {minutes} min"
+                said += 1
+    assert said >= 10
+    rest = [seconds for number, seconds in recorded.items() if number != "09"]
+    rule = f"a whole notebook runs in {min(rest)} s to {max(rest)} s; 09 takes about {round(recorded['09'] / 60)} min"
+    assert rule in " ".join(WORKSHOP.read_text().split())
+
+
 def test_each_workshop_route_names_sections_the_notebooks_have():
     named = 0
     for name, (_, rows) in routes().items():
