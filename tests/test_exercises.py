@@ -979,6 +979,72 @@ SCRIPT_RANK_FROM_ENVIRONMENT = ddp_script(**{
 })  # fmt: skip
 
 
+def evaluate(model, dataset, batch=4, *, skip_padding=True, reduce="counts", sampler_kw=None):
+    """06.4's solution, and its usual mistakes: the padding counted, the ranks' accuracies averaged ("mean"), or
+    kept apart ("none"), drop_last (``sampler_kw``)."""
+    from torch.utils.data import DataLoader, Subset
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sampler = DistributedSampler(dataset, shuffle=False, **(sampler_kw or {}))
+    mine = [i for k, i in enumerate(sampler) if not skip_padding or rank + k * world < len(dataset)]
+    counts = torch.zeros(2)
+    with torch.no_grad():
+        for x, y in DataLoader(Subset(dataset, mine), batch_size=batch):
+            counts += torch.tensor([float((model(x).argmax(dim=1) == y).sum()), float(len(y))])
+    if reduce == "counts":
+        dist.all_reduce(counts)
+        return (counts[0] / counts[1]).item()
+    accuracy = torch.tensor([float(counts[0] / counts[1]) if counts[1] else 0.0])
+    if reduce == "mean":
+        dist.all_reduce(accuracy)
+        accuracy /= world
+    return accuracy.item()
+
+
+def evaluate_split_by_hand(model, dataset, mean=False):
+    """Every world-th sample from the rank's own, one at a time, and the counts summed as float64 (or, wrong, the
+    ranks' accuracies averaged: their shards differ in size)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    correct = seen = 0
+    with torch.no_grad():
+        for i in range(rank, len(dataset), world):
+            x, y = dataset[i]
+            correct += int(model(x.unsqueeze(0)).argmax() == y)
+            seen += 1
+    if mean:
+        accuracy = torch.tensor([correct / seen])
+        dist.all_reduce(accuracy)
+        return float(accuracy) / world
+    counts = torch.tensor([correct, seen], dtype=torch.float64)
+    dist.all_reduce(counts)
+    return counts[0] / counts[1]  # a 0-d tensor
+
+
+def evaluate_by_gathering(model, dataset):
+    """Each rank's {index: right} over its padded shard, gathered; a padded index simply lands twice in one dict."""
+    world = dist.get_world_size()
+    mine = {}
+    with torch.no_grad():
+        for i in DistributedSampler(dataset, shuffle=False):
+            x, y = dataset[i]
+            mine[i] = bool(model(x[None]).argmax() == y)
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    merged = {i: right for part in every for i, right in part.items()}
+    return sum(merged.values()) / len(merged)
+
+
+def evaluate_everything(model, dataset):
+    """Every rank evaluates the whole dataset: the right number, and none of the sharding."""
+    from torch.utils.data import DataLoader
+
+    correct = 0
+    with torch.no_grad():
+        for x, y in DataLoader(dataset, batch_size=4):
+            correct += int((model(x).argmax(dim=1) == y).sum())
+    return correct / len(dataset)
+
+
 def summarize(value):
     results = []
     for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN):
@@ -1020,6 +1086,20 @@ def summarize_only_on_rank_0(value):
 
 
 EXERCISES = {
+    "06.4": Exercise(
+        evaluate,
+        [
+            (lambda m, d: evaluate(m, d, skip_padding=False), "counted twice"),
+            (lambda m, d: evaluate(m, d, skip_padding=False, reduce="mean"), "counted twice"),
+            (lambda m, d: evaluate_split_by_hand(m, d, mean=True), "mean of the ranks' accuracies"),
+            (lambda m, d: evaluate(m, d, reduce="none"), "each its own shard's accuracy"),
+            (lambda m, d: evaluate(m, d, sampler_kw={"drop_last": True}), "drop_last=True"),
+            (evaluate_everything, "its share is at most"),
+            (lambda m, d: str(evaluate(m, d)), "text, not a number"),
+            (lambda m, d: [evaluate(m, d)], "a number of accuracy"),
+        ],
+        returns,
+    ),
     "00.3": Exercise(
         summarize,
         [
@@ -1629,11 +1709,12 @@ EXERCISES = {
     ),
 }
 FUNCTION_EXERCISES = {k for k, e in EXERCISES.items() if callable(e.solution)}
-ON_RANKS = {"00.3", "03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3", "11.4"}
+ON_RANKS = {"00.3", "03.2", "04.3", "03.3", "05.1", "05.3", "05.2", "06.2", "06.3", "06.4", "11.4"}
 
 
 # Right answers written another way than the solution: each must pass as well.
 ALSO_RIGHT = {
+    "06.4": [evaluate_split_by_hand, evaluate_by_gathering],
     "06.3": [SCRIPT_BY_HAND_BATCHES, SCRIPT_RANK_FROM_ENVIRONMENT],
     "06.2": [checkpoint_plain_save, checkpoint_as_tuple],
     "06.1": [epoch_orders_told_at_the_end, lambda n, r, w, e, s=0: epoch_orders(n, r, w, e, s, offset=1)],
@@ -1758,7 +1839,7 @@ def test_each_on_ranks_checker_runs_its_solution_on_2_and_3_ranks(monkeypatch, c
         worlds.clear()
         ok, out = verdict(capsys, name, EXERCISES[name].solution)
         assert ok, out
-        assert sorted(set(worlds)) == ([2, 3, 4] if name == "03.3" else [2, 3]), (name, worlds)
+        assert sorted(set(worlds)) == ([2, 3, 4] if name in ("03.3", "06.4") else [2, 3]), (name, worlds)
 
 
 def test_a_deadlocked_ring_is_named_within_seconds(capsys):

@@ -1,4 +1,4 @@
-"""Notebook 06's exercise checkers: a sampler fixed with set_epoch, a checkpoint saved and resumed on ranks, a training script from scratch."""
+"""Notebook 06's exercise checkers: a sampler fixed with set_epoch, a checkpoint saved and resumed on ranks, a training script from scratch, an evaluation under DDP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from helpers import exercises
 from helpers.errors import CourseError
-from helpers.exercises import NotAnswered, Wrong, brief, call, checker, integer, items
+from helpers.exercises import NotAnswered, Wrong, brief, call, checker, integer, items, number
 from helpers.training import CLASSES, FEATURES, toy_model
 
 EPOCHS_TRIED = 64  # set_epoch values the checker recognises: epoch, epoch + 1, seed + epoch, ...
@@ -260,6 +260,111 @@ def _resumed_gap(model, optimizer, batches, straight, train) -> float:
         float((a - b).detach().abs().max())
         for a, b in zip(model.parameters(), straight.parameters(), strict=True)
     )
+
+
+# 06.4: (samples, ranks) the evaluation is checked on: 10 on 3 ranks and 7 on 2 make DistributedSampler pad its
+# last shard with the first indices again, 3 on 4 gives one rank nothing but padding, 12 on 3 pads nothing
+EVAL_LAYOUTS = ((10, 3), (7, 2), (3, 4), (12, 3))
+# the samples the model gets right: the first two among them, which the sampler repeats as padding, and chosen so
+# that on each padded layout the right accuracy, each mistake's and each rank's own shard's are all different
+EVAL_RIGHT = (0, 1, 4, 5, 8)
+TOLERANCE = 1e-6  # float32 counts divided are within it; two accuracies over at most 12 samples are 1/144 apart
+
+
+def _eval_data(n: int):
+    """``n`` samples a fixed toy model classifies right at the indices of ``EVAL_RIGHT`` and wrong elsewhere: the
+    dataset and those indices."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(n, FEATURES, generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        predicted = toy_model(hidden=16)(x).argmax(dim=1)
+    right = {i for i in EVAL_RIGHT if i < n}
+    y = torch.tensor([int(p) if i in right else (int(p) + 1) % CLASSES for i, p in enumerate(predicted)])
+    return TensorDataset(x, y), right
+
+
+def _eval_mistakes(n: int, world: int, right: set) -> dict:
+    """What the usual mistakes return for ``n`` samples on ``world`` ranks, each with what to say."""
+    from torch.utils.data import DistributedSampler
+
+    shards = [list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False)) for r in range(world)]
+    kept = [list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False, drop_last=True))
+            for r in range(world)]  # fmt: skip
+    hits = [sum(i in right for i in shard) for shard in shards]
+    said = f"with {n} samples on {world} ranks"
+    padding = (f"DistributedSampler pads: it repeats the first {-n % world} index(es) so that every rank gets "
+               f"{len(shards[0])}, and those samples were counted twice (the mean of the ranks' accuracies over these equal "
+               "shards is the same number). Count each sample once (a rank's k-th index "
+               "is padding when rank + k * world >= len(dataset)), or split the indices yourself.")  # fmt: skip
+    split = [range(r, n, world) for r in range(world)]  # each sample once, shards of unequal sizes
+    found = {  # over padded shards of equal size, the mean of the ranks' accuracies is this same number
+        sum(hits) / sum(map(len, shards)): f"{said}, the accuracy counts {sum(map(len, shards)) - n} sample(s) twice: {padding}",
+    }
+    if all(split):
+        found.setdefault(sum(sum(i in right for i in s) / len(s) for s in split) / world, (
+            f"{said}, the answer is the mean of the ranks' accuracies, and the shards differ in size, so a sample of a "
+            "smaller shard weighs more. Sum the correct answers and the samples over the ranks (dist.all_reduce of "
+            "both), then divide."
+        ))  # fmt: skip
+    if sum(map(len, kept)):
+        found.setdefault(sum(sum(i in right for i in k) for k in kept) / sum(map(len, kept)), (
+            f"{said}, drop_last=True left {n - sum(map(len, kept))} sample(s) out of the evaluation: keep every "
+            "sample, and count each once."
+        ))  # fmt: skip
+    return found
+
+
+@checker("06.4")
+def _evaluate(fn):
+    """A function (net, dataset) -> the accuracy over every sample of ``dataset``, the same on every rank, each
+    rank running the model on its own share only (at most ceil(n / world) samples)."""
+    import math
+
+    from torch import nn
+
+    class Counted(nn.Module):
+        """The model, counting the samples it sees on this rank."""
+
+        def __init__(self):
+            super().__init__()
+            self.model, self.seen = toy_model(hidden=16), 0
+
+        def forward(self, x):
+            self.seen += int(x.shape[0]) if x.dim() > 1 else 1
+            return self.model(x)
+
+    for n, world in EVAL_LAYOUTS:
+        dataset, right = _eval_data(n)
+
+        def rank_part(rank, world, dataset=dataset):
+            model = Counted()
+            answer, said = call(fn, model, dataset, show=f"on rank {rank}, evaluate(net, dataset)")
+            return number(answer, said, "accuracy (between 0 and 1)"), model.seen
+
+        try:
+            per_rank = exercises.on_ranks(rank_part, world, timeout=40)
+        except CourseError as error:
+            return False, str(error)
+        want, share = len(right) / n, math.ceil(n / world)
+        for rank, (got, seen) in enumerate(per_rank):
+            if seen > share:
+                return False, (f"with {n} samples on {world} ranks, rank {rank} ran the model on {seen} samples; its "
+                               f"share is at most {share}. Give each rank its own part (a DistributedSampler), then "
+                               "combine the counts.")  # fmt: skip
+            if abs(got - want) > TOLERANCE:
+                mistakes = _eval_mistakes(n, world, right)
+                for value, why in mistakes.items():
+                    if abs(got - value) <= TOLERANCE:
+                        return False, why
+                if len({round(g, 9) for g, _ in per_rank}) > 1:
+                    return False, (f"with {n} samples on {world} ranks, the ranks returned {[g for g, _ in per_rank]}: "
+                                   "each its own shard's accuracy. All-reduce the correct answers and the samples "
+                                   "counted, so that every rank returns the whole dataset's.")  # fmt: skip
+                return False, f"with {n} samples on {world} ranks, rank {rank} returned {got:.6g}; the accuracy is {want:.6g}."
+    return True, ("Every sample counted once: each rank evaluates its shard and leaves out the sampler's padding, "
+                  "and one all-reduce of (correct, counted) gives every rank the whole dataset's accuracy.")
 
 
 from helpers.exercises import nb06_script  # noqa: E402, F401 - registers 06.3, the script written from scratch
