@@ -18,6 +18,9 @@ fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $("$PYTHON" --version) ..." >&2
   "$PYTHON" -m venv .venv
+elif ! .venv/bin/python -c "import pip" 2>/dev/null; then  # a set-up stopped while venv was putting pip in
+  echo "setup: .venv has no pip (a set-up stopped part-way?); putting it back with ensurepip ..." >&2
+  .venv/bin/python -m ensurepip --default-pip >/dev/null
 fi
 # uv's block of the lock: its pin and the hashes of its files
 awk '/^uv==/ {keep = 1} keep {print} keep && !/\\$/ {exit}' "$lock" > .venv/.uv-requirement.txt

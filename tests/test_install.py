@@ -349,6 +349,20 @@ def test_setup_keeps_a_cuda_torch_it_finds_in_a_venv_without_the_mark(tmp_path):
     assert len(refused.stdout.splitlines()) == 1
 
 
+def test_a_venv_left_without_pip_by_a_stopped_setup_gets_pip_back(tmp_path):
+    """Set-up stopped (Ctrl-C, a killed job) while `python -m venv` was putting pip in leaves .venv/bin/python
+    without pip; the next set-up puts pip back and goes on, where it used to stop on "No module named pip"."""
+    repo = tmp_path / "course"
+    for name in (environment.LOCK, "scripts/uv.sh"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(paths.ROOT / name, repo / name)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")], check=True)
+    done = subprocess.run(["bash", "scripts/uv.sh"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "putting it back with ensurepip" in done.stderr and done.stdout.strip() == ".venv/bin/uv"
+    assert subprocess.run([repo / ".venv" / "bin" / "uv", "--version"], capture_output=True).returncode == 0
+
+
 def test_run_and_lab_set_up_the_learners_group_and_the_maintainers_targets_everything():
     """What each target's set-up installs: the learner's lock for run and lab, the development lock (the tests',
     linters', site's and hub's packages as well) for the targets that need them."""
