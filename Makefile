@@ -84,16 +84,16 @@ unit-heavy:
 unit-scripts:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/scripts $(BIN)/python -m pytest -p no:cacheprovider -ra $(SCRIPTS_TEST)
 
-# two learners on `make hub` in Chromium (about a minute): in the unit tests' stream, the shorter one
+# two learners on `make hub` in Chromium (about a minute): last in make test's notebooks stream, the shorter one
 unit-hub:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/hub $(BIN)/python -m pytest -p no:cacheprovider -ra $(HUB_TEST)
 
 unit-long:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/long $(BIN)/python -m pytest -p no:cacheprovider -ra $(LONG)
 
-# the 1-process shape runs only the notebooks whose gpu path on one GPU differs from two's (gpu_check.ONE_GPU_PATHS)
 # A glyph a plot's font lacks (Chinese in a figure) fails the cell, in the notebooks stage and in the gpu shape.
 GLYPHS_FAIL := PYTHONWARNINGS=error:Glyph:UserWarning
+# the 1-process shape runs only the notebooks whose gpu path on one GPU differs from two's (gpu_check.ONE_GPU_PATHS)
 gpu-shape-1 gpu-shape-2:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/$@ $(GLYPHS_FAIL) $(BIN)/python -m pytest -p no:cacheprovider -ra $(SHAPE) \
 		-k "$(subst gpu-shape-,,$@)-process"
