@@ -15,7 +15,7 @@ PRETEND ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
+.PHONY: help setup run test lint runsheet unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
@@ -31,6 +31,7 @@ help:
 	@echo "make lock     re-resolve requirements.txt and requirements-dev.txt into their locks (setup only installs a lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
+	@echo "make runsheet the instructor's run sheet (WORKSHOP.md) as two landscape A4 pages in build/print/WORKSHOP.pdf"
 	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
@@ -182,6 +183,9 @@ book: setup
 
 student: setup
 	@$(BIN)/python -m course.student
+
+runsheet: setup
+	@$(BIN)/python -m course.printable
 
 webui-shot: setup
 	@$(BIN)/python -m course.webui_shot

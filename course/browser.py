@@ -117,6 +117,11 @@ class Browser:
             Path(path).write_bytes(data)
         return data
 
+    def pdf(self) -> bytes:
+        """The page printed as a PDF, with the page size and margins of its own CSS ``@page`` rule."""
+        return base64.b64decode(self.call("Page.printToPDF", session=True, preferCSSPageSize=True,
+                                          printBackground=True)["data"])  # fmt: skip
+
     def evaluate(self, expression: str):
         result = self.call("Runtime.evaluate", session=True, expression=expression, awaitPromise=True,
                            returnByValue=True)  # fmt: skip

@@ -74,20 +74,91 @@ def headings(number: str) -> dict[str, str]:
 
 
 def routes() -> dict[str, tuple[int, list[list[str]]]]:
-    """Each route of WORKSHOP.md: the minutes its heading states, and its table's rows (cells)."""
+    """Each route of WORKSHOP.md: the minutes its heading states, and its table's rows (cells: time, notebook and
+    sections, minutes, what learners run and do, ...), breaks and lunch included."""
     found = {}
-    for m in re.finditer(r"^## ([^\n]+?): (\d+) minutes of teaching\n(.*?)(?=^## )", WORKSHOP.read_text(), re.M | re.S):
+    text = WORKSHOP.read_text() + "\n## end\n"
+    for m in re.finditer(r"^## ([^\n]+?): (\d+) minutes of teaching\n(.*?)(?=^## )", text, re.M | re.S):
         rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in m.group(3).splitlines()
-                if line.startswith("| ") and not line.startswith("| block")]
+                if line.startswith("| ") and not line.startswith("| time")]
         found[m.group(1)] = (int(m.group(2)), rows)
     return found
 
 
+PAUSES = ("*break*", "*lunch*")
+
+
 def test_each_workshop_route_adds_up_to_the_minutes_it_states():
     found = routes()
-    assert set(found) == {"One-day route", "Half-day route"}, set(found)
+    assert set(found) == {"One-day route", "Two-day route"}, set(found)
     for name, (stated, rows) in found.items():
-        assert sum(int(row[2]) for row in rows) == stated, f"{name}: rows add up to {sum(int(r[2]) for r in rows)}"
+        teaching = sum(int(row[2]) for row in rows if row[1] not in PAUSES)
+        assert teaching == stated, f"{name}: its rows teach {teaching} minutes"
+
+
+def minutes_of_day(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def test_each_workshop_route_keeps_its_clock_opens_with_20_minutes_and_breaks_at_least_every_90():
+    """Each row starts when the one before it ends; a row that starts earlier begins the next day. No stretch of
+    teaching runs past 90 minutes without a break or lunch, and each route opens with a 20-minute opening."""
+    for name, (_, rows) in routes().items():
+        assert rows[0][1].startswith("Opening") and int(rows[0][2]) == 20, f"{name}: no 20-minute opening"
+        end = stretch = None
+        for row in rows:
+            start, minutes = minutes_of_day(row[0]), int(row[2])
+            if end is not None and start < end:  # the next day
+                assert stretch <= 90, f"{name}: {stretch} minutes of teaching end the day without a break"
+                end = stretch = None
+            assert end is None or start == end, f"{name}: {row[0]} should be {end // 60:02d}:{end % 60:02d}"
+            assert row[1] not in PAUSES or minutes >= 10, f"{name}: a {minutes}-minute break at {row[0]}"
+            stretch = 0 if row[1] in PAUSES else (stretch or 0) + minutes
+            assert stretch <= 90, f"{name}: {stretch} minutes of teaching without a break by {row[0]}"
+            end = start + minutes
+
+
+EXERCISE = re.compile(r"(\d\d\.\d) \((\d+) min\)")
+
+
+def test_each_workshop_exercise_takes_its_stated_minutes_and_each_notebook_fits_its_estimate():
+    """An exercise's minutes in the run sheet are the ones its notebook states; the minutes a route gives a notebook
+    hold the exercises done in the room, and stay within the README's estimate for the whole notebook (its lesson
+    and its going-further exercises). The afternoons are hands-on too."""
+    stated = {}
+    for notebook in course_notebooks():
+        text = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"])
+        stated |= {n: int(m) for n, m, _ in STATED.findall(text)}
+    estimate = {nb.name[:2]: sum(learner_minutes(nb)) for nb in course_notebooks()}
+    for name, (_, rows) in routes().items():
+        given, exercises, afternoon, after_lunch = {}, {}, 0, False
+        for row in rows:
+            after_lunch = after_lunch or row[1] == "*lunch*"
+            if row[0] == "09:00":
+                after_lunch = False
+            m = re.match(r"(\d\d) · ", row[1])
+            for number, minutes in EXERCISE.findall(row[3]):
+                assert int(minutes) == stated[number], f"{name}: {number} says {minutes} min, its notebook {stated[number]}"
+                assert m and number.startswith(m.group(1)), f"{name}: {number} in a row of another notebook"
+                exercises[m.group(1)] = exercises.get(m.group(1), 0) + int(minutes)
+                afternoon += after_lunch
+            if m:
+                given[m.group(1)] = given.get(m.group(1), 0) + int(row[2])
+        for number, minutes in given.items():
+            assert exercises.get(number, 0) + 5 <= minutes, f"{name}: {number}'s {minutes} min leave no time to teach"
+            assert minutes <= estimate[number], f"{name}: {number} gets {minutes} min, over its {estimate[number]:.0f}"
+        assert afternoon >= 3, f"{name}: {afternoon} exercises after lunch"
+
+
+def test_the_run_sheet_prints_on_at_most_two_pages(tmp_path):
+    from conftest import need_chromium
+    from course import printable
+
+    need_chromium()
+    pages = printable.print_pdf(WORKSHOP, tmp_path / "WORKSHOP.pdf")
+    assert 1 <= pages <= printable.PAGES, f"WORKSHOP.md prints on {pages} pages"
+    assert printable.page_count(b"<< /Type /Pages /Kids [3 0 R 4 0 R] >> << /Type /Page >> << /Type/Page >>") == 2
 
 
 def test_each_workshop_run_all_is_the_notebooks_recorded_cpu_time():
@@ -100,9 +171,6 @@ def test_each_workshop_run_all_is_the_notebooks_recorded_cpu_time():
             m = re.match(r"(\d\d) · ", row[1])
             for seconds in re.findall(r"Run All \((\d+) s\)", row[3]) if m else ():
                 assert int(seconds) == recorded[m.group(1)], f"{name}: {m.group(1)} says {seconds} s, its last run took {recorded[m.group(1)]} s"
-                said += 1
-            for minutes in re.findall(r"Run All at the start \(about (\d+) min\)", row[3]) if m else ():
-                assert int(minutes) == round(recorded[m.group(1)] / 60), f"{name}: {m.group(1)} says {minutes} min"
                 said += 1
     assert said >= 10
     rest = [seconds for number, seconds in recorded.items() if number != "09"]
