@@ -190,7 +190,7 @@ runsheet: setup
 webui-shot: setup
 	@$(BIN)/python -m course.webui_shot
 
-# USERS, HUB_IP, HUB_PORT and PROFILE reach course.hub through the environment (a
+# USERS, HUB_IP, HUB_PORT, HUB_CROWDED and PROFILE reach course.hub through the environment (a
 # name with a quote in it is refused there, not run by the shell); exec: Ctrl-C and a `kill` of make reach
 # JupyterHub itself, which stops its proxy and every learner's server.
 hub: setup

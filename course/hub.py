@@ -7,8 +7,11 @@ mode 0600; an instructor may write their own there first, one ``name password`` 
 - the student notebooks (`make student`) copied into ``~/course`` (a file already there is never replaced);
 - their own build/, outputs and models folders in their home (the course models built ahead in the
   repository's build/models are read from there, read-only; see helpers/models.py);
-- a fixed, even share of this machine's CPU cores (CPU affinity, which the course's profile and torch's
-  threads follow), and one GPU each where GPUs exist (CUDA_VISIBLE_DEVICES).
+- a fixed share of this machine's CPU cores, every core handed out (CPU affinity, which the course's profile and
+  torch's threads follow), and one GPU each where GPUs exist (CUDA_VISIBLE_DEVICES).
+
+Before anything is created it refuses, in one sentence, a room of fewer than 2 cores and 8 GB of memory per
+learner (HUB_CROWDED=1 goes on anyway, for a try-out).
 
 The hub runs as root (only root can create those users and start a server as each of them) from the course's
 .venv, on 127.0.0.1:8000 unless HUB_IP / HUB_PORT say otherwise. Its proxy, the pure-Python
@@ -92,13 +95,36 @@ def check_port(value) -> int:
 
 
 def core_shares(cores: list[int], learners: int) -> list[list[int]]:
-    """An even share of ``cores`` for each learner, in order (the cores left over stay with the hub); with
-    fewer cores than learners, each gets one, taken in turn."""
+    """Every one of ``cores`` handed out, in order: shares that differ by one core at most, the first learners
+    taking the extra ones; with fewer cores than learners (HUB_CROWDED), each gets one, taken in turn."""
     cores = sorted(cores)
-    each = len(cores) // learners
-    if each == 0:
+    if len(cores) < learners:
         return [[cores[i % len(cores)]] for i in range(learners)]
-    return [cores[i * each : (i + 1) * each] for i in range(learners)]
+    each, extra = divmod(len(cores), learners)
+    starts = [i * each + min(i, extra) for i in range(learners + 1)]
+    return [cores[starts[i] : starts[i + 1]] for i in range(learners)]
+
+
+# What one learner needs (docs/room.md, "Machines"): every notebook's ranks are CPU processes, and 09 peaks at
+# about 6 GB summed over its kernel and launches
+CORES_EACH, MEMORY_EACH_GB = 2, 8
+
+
+def room_problem(learners: int, cores: int, memory_bytes: int) -> str | None:
+    """Why this machine cannot hold ``learners`` at CORES_EACH cores and MEMORY_EACH_GB GB each, or None."""
+    memory_gb = memory_bytes / 1e9
+    if cores >= learners * CORES_EACH and memory_gb >= learners * MEMORY_EACH_GB:
+        return None
+    most = max(0, min(cores // CORES_EACH, int(memory_gb // MEMORY_EACH_GB)))
+    return (f"{learners} learners need {learners * CORES_EACH} cores and {learners * MEMORY_EACH_GB} GB of memory "
+            f"({CORES_EACH} cores and {MEMORY_EACH_GB} GB each), and this machine gives the hub {cores} cores and "
+            f"{memory_gb:.0f} GB: name at most {most} learners in USERS, use a bigger machine, or set HUB_CROWDED=1 "
+            "for a try-out in which notebooks run slower and may run out of memory.")  # fmt: skip
+
+
+def memory_bytes() -> int:
+    """This machine's memory (MemTotal)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def count_gpus() -> int:
@@ -366,13 +392,19 @@ def prepare(
             "the hub needs root to keep learners apart (one system user each, a server started as each of them); "
             f'run it as root: sudo make hub USERS="{" ".join(names)}".'
         )
+    cores = sorted(os.sched_getaffinity(0))
+    problem = room_problem(len(names), len(cores), memory_bytes())
+    if problem and os.environ.get("HUB_CROWDED") != "1":
+        raise CourseError(problem)
+    if problem:
+        print(f"hub: HUB_CROWDED=1, so it goes on: {problem.split(':')[0]}.")
     check_access()
     folder = hub_dir()
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     source = student_notebooks()
     known, new = passwords(folder / "passwords", names)
-    shares = core_shares(sorted(os.sched_getaffinity(0)), len(names))
+    shares = core_shares(cores, len(names))
     gpus = count_gpus()
     print(f"hub: {models_ahead(profile, gpus)}.")
     learners, rows = {}, []

@@ -41,10 +41,27 @@ def test_users_are_checked_one_sentence_each():
         hub.check_prefix("Course")
 
 
-def test_cores_are_split_evenly_and_in_order():
+def test_every_core_is_handed_out_in_order_in_shares_that_differ_by_one_at_most():
     assert hub.core_shares([3, 2, 1, 0], 2) == [[0, 1], [2, 3]]
-    assert hub.core_shares(list(range(8)), 3) == [[0, 1], [2, 3], [4, 5]]  # the 2 left over stay with the hub
-    assert hub.core_shares([0, 1], 3) == [[0], [1], [0]]  # fewer cores than learners: one each, in turn
+    assert hub.core_shares(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert hub.core_shares([0, 1], 3) == [[0], [1], [0]]  # fewer cores than learners (HUB_CROWDED): one each, in turn
+    for cores, learners in ((32, 16), (45, 20), (64, 20), (7, 2)):
+        shares = hub.core_shares(list(range(cores)), learners)
+        assert sorted(c for share in shares for c in share) == list(range(cores)), (cores, learners)  # each once
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1, (cores, learners)
+
+
+def test_a_room_of_fewer_than_2_cores_or_8_gb_per_learner_is_refused_in_one_sentence():
+    gb = 10**9
+    assert hub.room_problem(20, 40, 160 * gb) is None and hub.room_problem(2, 64, 512 * gb) is None
+    too_few_cores = hub.room_problem(20, 32, 256 * gb)
+    assert too_few_cores == (
+        "20 learners need 40 cores and 160 GB of memory (2 cores and 8 GB each), and this machine gives the hub 32 "
+        "cores and 256 GB: name at most 16 learners in USERS, use a bigger machine, or set HUB_CROWDED=1 for a "
+        "try-out in which notebooks run slower and may run out of memory."
+    )
+    assert "name at most 12 learners" in hub.room_problem(20, 64, 100 * gb)  # memory is the limit
+    assert "name at most 0 learners" in hub.room_problem(1, 1, 4 * gb)
 
 
 def test_passwords_are_kept_private_and_never_replaced(tmp_path):
@@ -78,6 +95,24 @@ def test_without_root_the_hub_says_what_it_needs(monkeypatch, capsys):
     assert hub.main(["--users", "alice bob"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "needs root to keep learners apart" in err and "sudo make hub" in err
+
+
+def test_a_room_too_small_is_refused_before_any_user_or_file_is_made(monkeypatch, capsys, tmp_path):
+    made = []
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(hub, "Authenticator", object)
+    monkeypatch.setattr(hub, "check_access", lambda: made.append("the first step of making the room"))
+    monkeypatch.setattr(hub, "hub_dir", lambda: (_ for _ in ()).throw(CourseError("stopped here")))
+    monkeypatch.setattr(hub, "memory_bytes", lambda: 64 * 10**9)
+    monkeypatch.delenv("HUB_CROWDED", raising=False)
+    learners = " ".join(f"l{i}" for i in range(len(os.sched_getaffinity(0)) // 2 + 1))  # one more than the cores hold
+    assert hub.main(["--users", learners]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "cores and 64 GB: name at most" in err and made == [], err
+    monkeypatch.setenv("HUB_CROWDED", "1")  # a try-out goes on, saying so
+    assert hub.main(["--users", learners]) == 1
+    out, err = capsys.readouterr()
+    assert "HUB_CROWDED=1, so it goes on" in out and made and err.strip() == "make hub: stopped here"
 
 
 def test_a_certificate_is_refused_with_the_way_to_tls(monkeypatch, capsys):
@@ -218,7 +253,8 @@ def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own
     port = launching.free_port()
     base = f"http://127.0.0.1:{port}/"
     build = Path(os.environ["COURSE_BUILD_DIR"]) / f"hub-{prefix}"
-    env = {**os.environ, "COURSE_BUILD_DIR": str(build), "HUB_PREFIX": prefix, "PROFILE": "smoke"}
+    # a try-out on a small machine: two learners on what may be fewer than 4 cores and 16 GB
+    env = {**os.environ, "COURSE_BUILD_DIR": str(build), "HUB_PREFIX": prefix, "PROFILE": "smoke", "HUB_CROWDED": "1"}
     restore = open_to_others()
     log = (tmp_path / "hub.log").open("w")
     started = time.monotonic()
