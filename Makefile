@@ -15,10 +15,11 @@ PRETEND ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help setup run test lint runsheet unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
+.PHONY: help check setup run test lint print unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
+	@echo "make check    before set-up: one line per thing the course needs from this machine (ok or NO, and what to do)"
 	@echo "make run      set up .venv if needed, then execute every notebook into build/ (PROFILE=auto|cpu|gpu|smoke)"
 	@echo "make test     lint, unit tests then notebook tests, the longest unit tests beside them; the tree must stay clean"
 	@echo "make lab      JupyterLab on http://127.0.0.1:$(LAB_PORT) (token printed)"
@@ -31,7 +32,7 @@ help:
 	@echo "make lock     re-resolve requirements.txt and requirements-dev.txt into their locks (setup only installs a lock)"
 	@echo "make zh       update the Chinese catalogs (locale/zh_CN) and build notebooks/zh/ from them"
 	@echo "make book     the executed course as a site, English and Chinese, in build/book/html/"
-	@echo "make runsheet the instructor's run sheet (WORKSHOP.md) as two landscape A4 pages in build/print/WORKSHOP.pdf"
+	@echo "make print    the run sheet (WORKSHOP.md) and the cheat sheet (docs/cheatsheet.md) as PDFs in build/print/"
 	@echo "make student  the notebooks to hand out, without solutions or outputs, in build/student/ (and zh/)"
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
@@ -51,6 +52,11 @@ GROUP = learner
 test lint unit notebooks book zh hub student webui-shot: GROUP = dev
 setup:
 	@bash scripts/setup.sh $(GROUP)
+
+# before anything is installed, by the system's python3 whatever its version (scripts/check.py: standard library)
+check:
+	@command -v python3 >/dev/null || { echo "NO  Python 3.11: there is no python3 on PATH; install Python 3.11."; exit 1; }
+	@python3 scripts/check.py
 
 run: setup
 	@$(BIN)/python -m course.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
@@ -184,7 +190,7 @@ book: setup
 student: setup
 	@$(BIN)/python -m course.student
 
-runsheet: setup
+print: setup
 	@$(BIN)/python -m course.printable
 
 webui-shot: setup

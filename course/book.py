@@ -1,7 +1,7 @@
 """The course as a site (`make book`): the executed notebooks, English and Chinese, built with Sphinx and myst-nb.
 
 Each language is staged into build/book/src/<language>/ (the syllabus, the notebooks as committed,
-with their outputs, and the run report they recorded) and built with book/conf.py into
+with their outputs, the run report they recorded, and the cheat sheet with the glossary) and built with book/conf.py into
 build/book/html/<language>/; build/book/html/index.html sends a reader to one of the two.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from course import metrics, translation
+from course import metrics, printable, translation
 from course.runner import BUDGETS, NotebookRun, course_notebooks, title_of, write_report
 from helpers import paths
 
@@ -99,8 +99,13 @@ def stage(language: str) -> Path:
         (source / "report.md").write_text(
             text.replace("# Run report", "# 运行报告（Run report）\n\n各 notebook 最近一次执行时记录的状态、时间与事实。", 1),
             encoding="utf-8")
+    # the cheat sheet (make print's), with the glossary after it; in English in both editions, its glossary 中英
+    sheet = printable.CHEATSHEET.read_text(encoding="utf-8") + "\n" + printable.glossary_markdown()
+    if language != "en":
+        sheet = sheet.replace("# Data-parallel training: the cheat sheet", "# 速查表（Cheat sheet，英文）", 1)
+    (source / "cheatsheet.md").write_text(sheet, encoding="utf-8")
     toctree = "\n".join(["```{toctree}", ":hidden:", ":maxdepth: 1", ""]
-                        + [nb.stem for nb in notebooks] + ["report", "```"])
+                        + [nb.stem for nb in notebooks] + ["report", "cheatsheet", "```"])
     index = (CONF / f"index.{language}.md").read_text(encoding="utf-8")
     index = index.replace("{syllabus}", syllabus(language)).replace("{toctree}", toctree)
     index = index.replace("{report}", f"[{LANGUAGES[language]['report']}](report.md)")

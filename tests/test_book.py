@@ -104,7 +104,7 @@ def lesson_url(site, edition, stem):
 def test_every_page_renders_with_its_images_and_no_error(site, pages):
     html = {url: facts for url, facts in pages.items() if url not in ("search", "outside")}
     for edition in ("en", "zh-CN"):
-        for stem in [*LESSONS, "index", "report"]:
+        for stem in [*LESSONS, "index", "report", "cheatsheet"]:
             assert lesson_url(site, edition, stem) in html, f"{edition}/{stem}.html is not linked from the site"
     for url, facts in html.items():
         assert facts["status"] == 200, url
@@ -176,7 +176,7 @@ def test_solutions_are_collapsed_on_every_lesson_page(site, pages):
 
 
 def test_the_language_switch_lands_on_the_same_lesson(site, pages):
-    for stem in [*LESSONS, "index", "report"]:
+    for stem in [*LESSONS, "index", "report", "cheatsheet"]:
         en, zh = lesson_url(site, "en", stem), lesson_url(site, "zh-CN", stem)
         assert pages[en]["switch"] == [zh] and pages[zh]["switch"] == [en], stem
         assert pages[en]["language"] == "en" and pages[zh]["language"] == "zh-CN"
@@ -188,7 +188,7 @@ def test_the_language_switch_lands_on_the_same_lesson(site, pages):
 
 def test_previous_and_next_follow_the_course_order(site, pages):
     for edition in ("en", "zh-CN"):
-        order = ["index", *LESSONS, "report"]
+        order = ["index", *LESSONS, "report", "cheatsheet"]
         for before, page, after in zip(order, order[1:], order[2:], strict=False):
             facts = pages[lesson_url(site, edition, page)]
             assert facts["prev"] == lesson_url(site, edition, before), page
@@ -205,6 +205,15 @@ def test_the_syllabus_gives_each_lessons_budget_and_measured_time(site, pages):
                 assert f"{run.seconds:.0f} s (cpu)" in text, notebook.name
         report = pages[lesson_url(site, edition, "report")]["text"]
         assert "09_swift_lora_self_cognition" in report and "metric" in report
+
+
+def test_the_cheat_sheet_is_a_page_of_both_editions_with_the_whole_glossary(site, pages):
+    from helpers import glossary
+
+    for edition in ("en", "zh-CN"):
+        text = pages[lesson_url(site, edition, "cheatsheet")]["text"]
+        assert "torchrun --nproc-per-node 2 train.py" in text and "dist.init_process_group" in text, edition
+        assert all(t.english_forms[0] in text and t.chinese_forms[0] in text for t in glossary.terms()), edition
 
 
 def test_search_finds_a_word_in_each_language(pages):

@@ -3,6 +3,11 @@
 import json
 import re
 
+import pytest
+import swift_cli
+
+from conftest import need_chromium
+from course import printable
 from course.runner import course_notebooks
 from helpers import paths
 
@@ -151,14 +156,63 @@ def test_each_workshop_exercise_takes_its_stated_minutes_and_each_notebook_fits_
         assert afternoon >= 3, f"{name}: {afternoon} exercises after lunch"
 
 
-def test_the_run_sheet_prints_on_at_most_two_pages(tmp_path):
-    from conftest import need_chromium
-    from course import printable
-
+@pytest.mark.parametrize("sheet", sorted(printable.SHEETS))
+def test_each_printed_sheet_takes_two_pages_at_most(sheet, tmp_path):
     need_chromium()
-    pages = printable.print_pdf(WORKSHOP, tmp_path / "WORKSHOP.pdf")
-    assert 1 <= pages <= printable.PAGES, f"WORKSHOP.md prints on {pages} pages"
+    pages = printable.print_sheet(sheet, tmp_path)
+    assert 1 <= pages <= printable.PAGES, f"{sheet} prints on {pages} pages"
     assert printable.page_count(b"<< /Type /Pages /Kids [3 0 R 4 0 R] >> << /Type /Page >> << /Type/Page >>") == 2
+
+
+CHEATSHEET = printable.CHEATSHEET
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", CHEATSHEET.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def test_the_cheat_sheets_ddp_script_trains_on_two_ranks_and_leaves_one_whole_checkpoint(tmp_path):
+    import torch
+
+    from helpers import launching
+
+    [script] = blocks("python")
+    (tmp_path / "train.py").write_text(script)
+    launch = launching.prepare_torchrun(tmp_path / "train.py", nproc=2, timeout=180, env={"CUDA_VISIBLE_DEVICES": ""})
+    launch.cwd = tmp_path
+    launching.run(launch, show=False)  # raises, with the failing rank's traceback, unless both ranks finish
+    saved = torch.load(tmp_path / "checkpoint.pt")
+    assert saved["epoch"] == 1 and set(saved["model"]) == {"weight", "bias"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "train.py"]  # no .tmp left behind
+
+
+def commands(program: str) -> list[str]:
+    """Each ``program`` command of the cheat sheet's shell blocks, its continuation lines joined, comments cut."""
+    found = []
+    for block in blocks("bash"):
+        for command in re.sub(r"\\\n\s*", " ", block).splitlines():
+            words = command.split("#")[0].split()
+            while words and "=" in words[0]:
+                words.pop(0)
+            if words and words[0] == program:
+                found.append(command.split(" #")[0].strip())
+    return found
+
+
+def test_the_cheat_sheets_commands_are_ones_torchrun_and_swift_accept():
+    from swift.arguments import ExportArguments, InferArguments, SftArguments
+    from torch.distributed.run import get_args_parser
+
+    launches = commands("torchrun")
+    assert len(launches) == 2
+    for command in launches:
+        parsed = get_args_parser().parse_args(command.split()[1:])
+        assert parsed.training_script == "train.py" and parsed.nproc_per_node in ("2", "8"), command
+    kinds = {"sft": SftArguments, "export": ExportArguments, "infer": InferArguments}
+    swift = commands("swift")
+    assert sorted(command.split("swift ")[1].split()[0] for command in swift) == ["export", "infer", "sft"]
+    for command in swift:
+        swift_cli.parse(command, kinds[command.split("swift ")[1].split()[0]])  # fails on a flag SWIFT does not know
 
 
 def test_each_workshop_run_all_is_the_notebooks_recorded_cpu_time():
