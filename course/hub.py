@@ -33,6 +33,8 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 from helpers import launching, paths
@@ -289,6 +291,95 @@ def stop_processes_of(uid: int, grace: float = 5) -> int:
     return len(mine)
 
 
+# --- after the day: each learner's work collected, then the accounts removed ------------------------------------
+
+COLLECTED = "collected"  # build/hub/collected/<name>-<time>.tgz, root's, mode 0600
+# left out of an archive: the models a run builds again, and 10's merged models (0.5 GB each)
+LEFT_OUT = ("build/models", "build/outputs/self-cognition-merged")
+
+
+def room() -> dict:
+    """The learners of the last `make hub` (build/hub/learners.json): name -> system user, home, cores, ..."""
+    record = hub_dir() / "learners.json"
+    if not record.is_file():
+        raise CourseError(f"{paths.relative(record)} is missing: no room has been started here (make hub USERS=...).")
+    return json.loads(record.read_text())
+
+
+def chosen(learners: dict, names: list[str]) -> dict:
+    """``names`` of the room, all of it when empty; a name not in it is refused."""
+    unknown = [name for name in names if name not in learners]
+    if unknown:
+        raise CourseError(f"USERS names {', '.join(unknown)}, not in the room; it has {' '.join(learners)}.")
+    return {name: learners[name] for name in names} if names else learners
+
+
+def collect(learners: dict) -> list[dict]:
+    """Each learner's ~/course and ~/build (less LEFT_OUT) into a new archive under build/hub/collected/, only the
+    files the learner owns (a link is kept as a link); returns one row per learner for the table."""
+    folder = hub_dir() / COLLECTED
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    stamp, rows = time.strftime("%Y%m%d-%H%M%S"), []
+    for name, learner in learners.items():
+        home, uid = Path(learner["home"]), pwd.getpwnam(learner["system"]).pw_uid
+        target = next(folder / f"{name}-{stamp}{f'-{n}' if n else ''}.tgz" for n in range(1000)
+                      if not (folder / f"{name}-{stamp}{f'-{n}' if n else ''}.tgz").exists())  # fmt: skip
+
+        def theirs(info, name=name, uid=uid):
+            left_out = any(info.name == f"{name}/{part}" or info.name.startswith(f"{name}/{part}/") for part in LEFT_OUT)
+            return None if left_out or info.uid != uid else info
+
+        with tarfile.open(target, "x:gz") as archive:  # x: never over another archive
+            os.chmod(target, 0o600)
+            for part in (NOTEBOOKS, "build"):
+                if (home / part).is_dir():
+                    archive.add(home / part, arcname=f"{name}/{part}", filter=theirs)
+        rows.append({"learner": name, "archive": paths.relative(target), "size": f"{target.stat().st_size / 1e6:.1f} MB"})
+    return rows
+
+
+def newest_change(home: Path) -> float:
+    """The latest modification time of what collect() archives in ``home`` (0 when there is nothing)."""
+    newest = 0.0
+    for part in (NOTEBOOKS, "build"):
+        for folder, dirs, files in os.walk(home / part):
+            relative = Path(folder).relative_to(home).as_posix()
+            dirs[:] = [d for d in dirs if f"{relative}/{d}" not in LEFT_OUT]
+            for entry in [".", *dirs, *files]:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(folder, entry)).st_mtime)
+    return newest
+
+
+def uncollected(name: str, home: Path) -> str | None:
+    """Why learner ``name``'s work is not safely collected, or None: no archive, or a change since the newest."""
+    archives = sorted((hub_dir() / COLLECTED).glob(f"{name}-*.tgz"), key=lambda a: a.stat().st_mtime)
+    if not archives:
+        return f"{name} has no archive"
+    if newest_change(home) > archives[-1].stat().st_mtime:
+        return f"{name} changed files after {paths.relative(archives[-1])}"
+    return None
+
+
+def remove(learners: dict) -> list[dict]:
+    """Stop each learner's processes, delete their system user, home and group, and take them out of the room;
+    refuses, removing no one, while anyone's work is not collected (make hub-collect first)."""
+    problems = [why for name, learner in learners.items() if (why := uncollected(name, Path(learner["home"])))]
+    if problems:
+        raise CourseError(f"{'; '.join(problems)}: run make hub-collect first, then make hub-remove again.")
+    rows, record = [], room()
+    for name, learner in learners.items():
+        stopped = stop_processes_of(pwd.getpwnam(learner["system"]).pw_uid)
+        subprocess.run(["userdel", "--remove", learner["system"]], check=True, capture_output=True)
+        if subprocess.run(["getent", "group", learner["system"]], capture_output=True).returncode == 0:
+            subprocess.run(["groupdel", learner["system"]], check=True, capture_output=True)
+        record.pop(name, None)
+        rows.append({"learner": name, "system user": f"{learner['system']} (removed)", "processes stopped": stopped})
+    paths.write_atomic(hub_dir() / "learners.json", json.dumps(record, indent=1))
+    return rows
+
+
 # --- JupyterHub's side: who logs in, how a server starts --------------------------------------------------------
 
 try:
@@ -437,6 +528,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", nargs="?", default="start", choices=("start", "collect", "remove"))
     parser.add_argument("--users", default=os.environ.get("USERS", ""))
     parser.add_argument("--ip", default=os.environ.get("HUB_IP") or "127.0.0.1")
     parser.add_argument("--port", default=os.environ.get("HUB_PORT") or "8000")
@@ -444,6 +536,16 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default=os.environ.get("PROFILE") or "auto")
     parser.add_argument("--home-base", default=os.environ.get("HUB_HOME_BASE") or HOME_BASE)
     args = parser.parse_args(argv)
+    if args.action != "start":
+        try:
+            if os.geteuid() != 0:
+                raise CourseError(f"it reads the learners' homes and removes accounts: run it as root, sudo make hub-{args.action}.")
+            learners = chosen(room(), parse_users(args.users) if args.users.strip() else [])
+            print(table(collect(learners) if args.action == "collect" else remove(learners)))
+        except CourseError as exc:
+            print(f"make hub-{args.action}: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         names = parse_users(args.users)
         port, prefix = check_port(args.port), check_prefix(args.prefix)

@@ -10,6 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 import uuid
@@ -113,6 +114,17 @@ def test_a_room_too_small_is_refused_before_any_user_or_file_is_made(monkeypatch
     assert hub.main(["--users", learners]) == 1
     out, err = capsys.readouterr()
     assert "HUB_CROWDED=1, so it goes on" in out and made and err.strip() == "make hub: stopped here"
+
+
+def test_collecting_or_removing_a_room_says_in_one_sentence_what_it_needs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert hub.main(["remove"]) == 1
+    assert capsys.readouterr().err.strip() == "make hub-remove: it reads the learners' homes and removes accounts: run it as root, sudo make hub-remove."
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert hub.main(["collect"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "learners.json is missing: no room has been started here" in err, err
 
 
 def test_a_certificate_is_refused_with_the_way_to_tls(monkeypatch, capsys):
@@ -243,10 +255,7 @@ def remove_user(login: str) -> None:
 
 def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own(tmp_path):
     need_chromium()
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true" and os.environ.get("GITHUB_ACTIONS") != "true":  # GitHub's runner is no root
-            pytest.fail("the hub's test needs root (one system user per learner), and CI (.ci/run) runs as root")
-        pytest.skip("the hub needs root to create one system user per learner; run the tests as root")
+    need_root()
     prefix = f"t{uuid.uuid4().hex[:6]}-"
     names = ["alice", "bob"]
     logins = [prefix + name for name in names]
@@ -301,6 +310,15 @@ def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own
         assert looked["home"].strip() == "PermissionError", looked
         # the smoke model `make hub` built ahead, read where the learner cannot write
         assert looked["model"].strip() == str(paths.models_dir() / "tiny-llama-smoke"), looked
+        # make hub-collect while the room runs: each learner's executed notebook, in an archive of their own
+        collected = subprocess.run([sys.executable, "-m", "course.hub", "collect"], cwd=paths.ROOT, env=env,
+                                   capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert collected.returncode == 0, collected.stderr
+        for name in names:
+            [archive] = (build / "hub" / hub.COLLECTED).glob(f"{name}-*.tgz")
+            with tarfile.open(archive) as tar:
+                handed_in = json.loads(tar.extractfile(f"{name}/{NOTEBOOK}").read())
+            assert handed_in == json.loads((Path(homes[name]) / NOTEBOOK).read_text()), name
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)  # as `kill` of make hub
@@ -327,6 +345,73 @@ def test_two_learners_log_in_run_notebook_00_side_by_side_and_see_only_their_own
         print(f"hub test: {time.monotonic() - started:.0f} s")
     assert not left, f"processes left after the hub stopped: {[p.info['cmdline'] for p in left]}"
     assert process.returncode is not None
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true" and os.environ.get("GITHUB_ACTIONS") != "true":  # GitHub's runner is no root
+            pytest.fail("the hub's test needs root (one system user per learner), and CI (.ci/run) runs as root")
+        pytest.skip("the hub needs root to create one system user per learner; run the tests as root")
+
+
+def test_the_rooms_work_is_collected_learner_by_learner_and_no_account_goes_before_its_work(tmp_path, monkeypatch):
+    """make hub-collect archives each learner's own files (not another's, not a link's target, not the merged
+    models); make hub-remove refuses while any learner's work changed since their archive, then removes them."""
+    need_root()
+    prefix = f"t{uuid.uuid4().hex[:6]}-"
+    build = tmp_path / "build"
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(build))
+    learners = {}
+    try:
+        for name in ("alice", "bob"):
+            user = hub.system_user(prefix, name, home_base=str(tmp_path))
+            home = Path(user.pw_dir)
+            for relative, text in ((f"{hub.NOTEBOOKS}/03.ipynb", f"{name}'s ring"), ("build/outputs/run/v1/a.txt", name),
+                                   ("build/outputs/self-cognition-merged/v1/model.bin", "0.5 GB"), (".bashrc", "")):  # fmt: skip
+                (home / relative).parent.mkdir(parents=True, exist_ok=True)
+                (home / relative).write_text(text)
+            for entry in home.rglob("*"):
+                os.lchown(entry, user.pw_uid, user.pw_gid)
+            learners[name] = {"system": user.pw_name, "home": user.pw_dir}
+        alice = Path(learners["alice"]["home"])
+        (alice / hub.NOTEBOOKS / "shadow").symlink_to("/etc/shadow")  # a link: kept as a link, never its target
+        (alice / hub.NOTEBOOKS / "roots.txt").write_text("not hers")  # root's file in her folder: not hers to hand in
+        os.lchown(alice / hub.NOTEBOOKS / "shadow", pwd.getpwnam(learners["alice"]["system"]).pw_uid, -1)
+        (build / "hub").mkdir(parents=True)
+        (build / "hub" / "learners.json").write_text(json.dumps(learners))
+        with pytest.raises(CourseError, match=r"alice has no archive; bob has no archive: run make hub-collect first"):
+            hub.remove(learners)
+        rows = hub.collect(hub.chosen(hub.room(), []))
+        assert [row["learner"] for row in rows] == ["alice", "bob"]
+        for name in learners:
+            [archive] = (build / "hub" / hub.COLLECTED).glob(f"{name}-*.tgz")
+            assert stat.S_IMODE(archive.stat().st_mode) == 0o600
+            with tarfile.open(archive) as tar:
+                members = {m.name: m for m in tar.getmembers()}
+                assert tar.extractfile(f"{name}/course/03.ipynb").read().decode() == f"{name}'s ring"
+                assert f"{name}/build/outputs/run/v1/a.txt" in members
+            assert not any("self-cognition-merged" in m or "roots.txt" in m or ".bashrc" in m for m in members), members
+            assert all(m.startswith(f"{name}/") for m in members), members
+            if name == "alice":
+                assert members["alice/course/shadow"].issym()
+        (Path(learners["bob"]["home"]) / hub.NOTEBOOKS / "03.ipynb").write_text("bob, later")  # after his archive
+        with pytest.raises(CourseError, match=r"^bob changed files after .*bob-.*\.tgz: run make hub-collect first"):
+            hub.remove(learners)
+        assert pwd.getpwnam(learners["alice"]["system"])  # refused: no one removed
+        assert hub.main(["collect", "--users", "bob"]) == 0  # as make hub-collect USERS=bob
+        assert len(list((build / "hub" / hub.COLLECTED).glob("bob-*.tgz"))) == 2  # the first one kept
+        rows = hub.remove(hub.chosen(hub.room(), []))
+        assert [row["learner"] for row in rows] == ["alice", "bob"]
+        for learner in learners.values():
+            with pytest.raises(KeyError):
+                pwd.getpwnam(learner["system"])
+            assert not Path(learner["home"]).exists()
+        assert json.loads((build / "hub" / "learners.json").read_text()) == {}
+        with pytest.raises(CourseError, match=r"USERS names carol, not in the room; it has alice bob"):
+            hub.chosen(learners, ["carol"])
+    finally:
+        for learner in learners.values():
+            remove_user(learner["system"])
 
 
 def test_notebooks_are_handed_out_once_and_a_learners_own_file_is_never_replaced(tmp_path):
