@@ -195,11 +195,199 @@ def test_glossary_terms_are_checked_outside_code():
     (term,) = [t for t in glossary.terms() if t.english == "all-reduce"]
     assert term in glossary.missing("The all-reduces overlap.", "它们在重叠。")
     assert term not in glossary.missing("The all-reduce overlaps.", "全规约与计算重叠。")
-    assert term not in glossary.missing("The All-Reduce overlaps.", "All-Reduce 与计算重叠。")
+    assert term in glossary.missing("The All-Reduce overlaps.", "All-Reduce 与计算重叠。")  # one form: 全规约
     assert term not in glossary.missing("Call `all-reduce` here.", "在这里调用 `all-reduce`。")
     assert term not in glossary.missing("A reduce-scatter.", "规约散射。")  # a longer term is not this one
     rank = [t for t in glossary.terms() if t.english == "rank"]
     assert rank[0] in glossary.missing("Each rank prints.", "每个进程都打印。")
+
+
+ROOT = translation.paths.ROOT
+CHINESE_PAGES = [ROOT / "README.zh-CN.md", *sorted((ROOT / "docs").glob("*.zh-CN.md"))]
+
+
+def chinese_documents() -> list[tuple[str, dict[str, str]]]:
+    """(name, its Chinese markdown by cell id, in order) of every zh notebook (from its catalog), README.zh-CN.md
+    and each docs/*.zh-CN.md page (one cell, the page)."""
+    documents = []
+    for notebook in NOTEBOOKS:
+        translations = {e.msgctxt: e.msgstr for e in translation.load(notebook) if not e.obsolete}
+        cells = {cell_id: translations.get(cell_id, "") for cell_id, _ in translation.markdown_cells(notebook)}
+        documents.append((f"notebooks/zh/{notebook.name}", cells))
+    documents += [(str(page.relative_to(ROOT)), {"page": page.read_text(encoding="utf-8")}) for page in CHINESE_PAGES]
+    return documents
+
+
+# One Chinese form per term: beyond a term's English, the forms the Chinese edition must not write for it,
+# keyed by the glossary's English (data/glossary.csv); a term's English is one of them wherever its Chinese is not.
+OTHER_FORMS: dict[str, tuple[str, ...]] = {
+    "rank": ("进程编号",),
+    "replicate": ("拷贝",),
+    "DistributedDataParallel": ("分布式数据并行",),
+    "distributed data parallel (DDP)": ("分布式数据并行",),
+    "main device": ("主 GPU",),
+    "global interpreter lock (GIL)": ("全局解释器锁",),
+    "bucket": ("通信桶",),
+    "alpha-beta model (latency and bandwidth)": ("延迟-带宽模型",),
+    "global batch": ("全局批大小",),
+    "offline": ("断网",),
+    "Web-UI / web UI": ("网页界面",),
+    "merged model": ("合并模型",),
+    "model hub (ModelScope)": ("模型仓库",),
+    "device map": ("设备映射",),
+    "Zero Redundancy Optimizer (ZeRO)": ("零冗余优化器",),
+    "fully sharded data parallel (FSDP)": ("全分片数据并行",),
+    "tips": ("技巧",),
+    "hang": ("挂起",),
+    "non-reentrant": ("非重入",),
+    "finding (a result beyond the noise)": ("项发现", "算发现"),
+    "first moment (Adam's m)": ("矩估计", "两个矩", "Adam 的两个动量", "Adam 动量", "优化器的动量"),
+    "system prompt": ("system 提示词",),
+    "original tutorial (ModelScope's)": ("原文配方",),
+}
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff"
+
+
+def _form_pattern(form: str) -> re.Pattern:
+    """``form`` where it stands as a word: an English form with ASCII word boundaries (a CJK character is no
+    boundary for \\b), in any case and with a plural ending; a Chinese form as it is."""
+    if not form.isascii():
+        return re.compile(re.escape(form))
+    words = r"[ -]".join(re.escape(w) for w in re.split(r"[ -]", form))
+    return re.compile(rf"(?<![A-Za-z0-9_./-]){words}(?:s|es)?(?![A-Za-z0-9_/-]|\.[A-Za-z])", re.I)
+
+
+def _others(term: glossary.Term) -> list[str]:
+    """The forms of ``term`` the edition must not write: its English (where its Chinese is not English) and
+    OTHER_FORMS's."""
+    chosen = {form.lower().replace("-", " ") for form in term.chinese_forms}
+    english = [form for form in term.english_forms if form.lower().replace("-", " ") not in chosen]
+    return english + list(OTHER_FORMS.get(term.english, ()))
+
+
+def chinese_prose(markdown_text: str) -> str:
+    """``prose`` less display math, quotations (「」: a source's own words, a printed message) and the table
+    cells that hold no Chinese (an English column)."""
+    text = glossary.prose(re.sub(r"\$\$.*?\$\$", " ", markdown_text, flags=re.S))
+    text = re.sub(r"「[^「」\n]*」", lambda m: " " * len(m.group(0)), text)
+    return re.sub(r"(?<=\|)[^|\n]*(?=\|)", lambda m: m.group(0) if re.search(f"[{_CJK}]", m.group(0)) else " ",
+                  text)
+
+
+def second_forms(cells: list[str]) -> list[tuple[int, str, str]]:
+    """(cell index, what it writes, what to write instead) for each place where the Chinese ``cells`` of one
+    document (a notebook's markdown cells in order, or a page as one cell) use a term's other form: its English
+    or an OTHER_FORMS entry. Allowed once per term and document, at the term's first mention outside headings:
+    a gloss 中文（English）, the Chinese form with its English (全规约（all-reduce）) or, for a term kept in
+    English, its Chinese name with the term (分布式数据并行（DDP）)."""
+    by_length = sorted(glossary.terms(), key=lambda t: -max(map(len, t.chinese_forms + t.english_forms)))
+    found, seen = [], set()
+    for index, cell in enumerate(cells):
+        text = chinese_prose(cell)
+        mentions = []  # (position, term, None for the chosen form, else ("gloss" or "other", what it writes))
+        for term in by_length:  # a longer term first: its gloss and its English are not a shorter term's
+            chosen, others = term.chinese_forms[0], _others(term)
+            pairs = [(chosen, o) for o in others if o.isascii() and not chosen.isascii()]
+            pairs += [(o, chosen) for o in others if not o.isascii() and chosen.isascii()]
+            spans = []
+            for outer, inner in pairs:
+                gloss = re.compile(rf"{re.escape(outer)}(?:\*\*)?（\s*{_form_pattern(inner).pattern}\s*）", re.I)
+                spans += [(m.start(), m.end()) for m in gloss.finditer(text)]
+            mentions += [(start, term, ("gloss", text[start:end])) for start, end in spans]
+            rest = list(text)
+            for start, end in spans:
+                rest[start:end] = " " * (end - start)
+            rest = "".join(rest)
+            for m in _form_pattern(chosen).finditer(rest):
+                mentions.append((m.start(), term, None))
+                spans.append((m.start(), m.end()))
+            for form in others:
+                for m in _form_pattern(form).finditer(rest):
+                    mentions.append((m.start(), term, ("other", m.group(0))))
+                    spans.append((m.start(), m.end()))
+            for start, end in spans:  # what this term wrote is no shorter term's (环形全规约, 全规约)
+                text = text[:start] + " " * (end - start) + text[end:]
+        headings = [m.span() for m in re.finditer(r"^#.*$", text, flags=re.M)]
+        for position, term, what in sorted(mentions, key=lambda mention: mention[0]):
+            if what is not None and (what[0] == "other" or term.english in seen):
+                instead = term.chinese_forms[0] if what[0] == "other" else "the gloss only at the first mention"
+                found.append((index, what[1], instead))
+            if not any(start <= position < end for start, end in headings):  # a heading's body may gloss
+                seen.add(term.english)
+    return found
+
+
+def test_each_term_has_one_chinese_form():
+    """data/glossary.csv names one Chinese form per term; a part in parentheses only explains it."""
+    for term in glossary.terms():
+        assert len(term.chinese_forms) == 1, f"{term.english}: {term.chinese!r} gives {term.chinese_forms}; choose one"
+
+
+@pytest.mark.parametrize(
+    "cells, found",
+    [
+        (["All-Reduce 与计算重叠。"], [(0, "All-Reduce", "全规约")]),  # the planted second form
+        (["全规约（all-reduce）与计算重叠；之后只写全规约。"], []),  # the gloss at the first mention
+        (["全规约与计算重叠。", "再做一次全规约（all-reduce）。"], [(1, "全规约（all-reduce）", "the gloss only at the first mention")]),
+        (["all-reduce（全规约）与计算重叠。"], [(0, "all-reduce", "全规约")]),  # the gloss is 中文（English）
+        (["每个进程编号都打印。"], [(0, "进程编号", "rank")]),  # a listed other form
+        (["通信桶与全局批大小。"], [(0, "通信桶", "桶"), (0, "全局批大小", "全局批次")]),
+        (["分布式数据并行（DDP）；之后只写 DDP。"], []),  # a term kept in English, glossed with its Chinese name
+        (["DDP（分布式数据并行）"], [(0, "分布式数据并行", "DDP")]),
+        (["环形全规约（ring all-reduce）由规约散射（reduce-scatter）和全收集组成。"], []),  # a longer term is its own
+        (["在代码里 `All-Reduce` 不算，「not a finding」是打印出的原话。"], []),  # code and quotations
+        (["| all-reduce | 全规约 |\n|---|---|"], []),  # a table's English column
+        (["## 5. 全规约\n\n全规约（all-reduce）与反向传播重叠。"], []),  # a heading is no first mention
+    ],
+)
+def test_a_second_form_of_a_term_is_found_outside_its_first_mention_gloss(cells, found):
+    assert second_forms(cells) == found
+
+
+@pytest.mark.parametrize("name, cells", chinese_documents(), ids=[name for name, _ in chinese_documents()])
+def test_the_chinese_edition_writes_one_form_per_term(name, cells):
+    """Each zh notebook, README.zh-CN.md and docs/*.zh-CN.md use each term's one Chinese form (data/glossary.csv); its
+    English or another form (OTHER_FORMS) only in one gloss 中文（English） at the term's first mention."""
+    ids = list(cells)
+    found = [f"{ids[i]}: writes {what!r}; write {instead}" for i, what, instead in second_forms(list(cells.values()))]
+    assert not found, f"{name}: " + "\n".join(found)
+
+
+CJK_CHARACTER = "[\u3400-\u4dbf\u4e00-\u9fff]"
+
+
+def typography_problems(markdown: str) -> list[str]:
+    """What Chinese ``markdown``'s prose writes against the edition's typography: a half-width quote pair around
+    Chinese or a curly quote (the edition quotes with 「」), a space before % (100%, as 5%), and seconds as " s"
+    (秒 in Chinese prose); code, link targets and math are left alone."""
+    text = glossary.prose(markdown)
+    found = [f"quote {m.group(0)!r}: write 「」" for m in re.finditer(r'"[^"\n]*"', text) if re.search(CJK_CHARACTER, m.group(0))]
+    found += [f"curly quote in {text[max(m.start() - 10, 0):m.end() + 10]!r}: write 「」" for m in re.finditer("[“”‘’]", text)]
+    found += [f"{m.group(0)!r}: no space before %" for m in re.finditer(r"\d+(?:\.\d+)? %", text)]
+    found += [f"{m.group(0)!r}: write 秒" for m in re.finditer(r"\d+(?:\.\d+)? s(?![A-Za-z])", text)]
+    return found
+
+
+@pytest.mark.parametrize(
+    "chinese, problems",
+    [
+        ('他说"把这个张量加起来"。', 1),  # a half-width quote pair around Chinese
+        ("他说“把这个张量加起来”。", 2),  # curly quotes
+        ("他说「把这个张量加起来」，运行 `print(\"你好\")`。", 0),
+        ("理想值是 100 %，预热占 5%。", 1),  # mixed percent spacing
+        ("理想值是 100%，预热占 5%；`x = 5 %`。", 0),
+        ("每个请求上限 5 s。", 1),
+        ("每个请求上限 5 秒；`sleep 5 s`，5 steps。", 0),
+    ],
+)
+def test_the_typography_check_sees_a_planted_mistake(chinese, problems):
+    assert len(typography_problems(chinese)) == problems
+
+
+@pytest.mark.parametrize("name, cells", chinese_documents(), ids=[name for name, _ in chinese_documents()])
+def test_the_chinese_edition_quotes_with_corner_brackets_and_writes_percent_and_seconds_one_way(name, cells):
+    found = [f"{cell_id}: {problem}" for cell_id, cell in cells.items() for problem in typography_problems(cell)]
+    assert not found, f"{name}: " + "\n".join(found)
 
 
 def test_the_glossary_is_well_formed_and_each_notebook_shows_its_terms():
@@ -402,7 +590,17 @@ def test_the_gpu_page_check_sees_a_change(change):
     assert changed != chinese and gpu_page_problems(english, changed)
 
 
-def test_the_chinese_readme_has_no_line_break_inside_a_sentence():
-    """A newline between two Chinese characters shows as a stray space in a rendered paragraph."""
-    text = (translation.paths.ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", CHINESE_PAGES, ids=[page.name for page in CHINESE_PAGES])
+def test_the_chinese_pages_have_no_line_break_inside_a_paragraph(page):
+    """README.zh-CN.md and docs/*.zh-CN.md: a newline between two Chinese characters shows as a stray space in a
+    rendered paragraph, so each paragraph is one line."""
+    text = page.read_text(encoding="utf-8")
     assert not translation.soft_breaks(text), translation.soft_breaks(text)
+
+
+def test_the_page_check_sees_a_planted_line_break():
+    text = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    paragraph = next(line for line in text.splitlines() if re.search(f"{CJK_CHARACTER}{{2}}。", line) and not line.startswith(("#", "|", "-")))
+    cut = re.search(f"{CJK_CHARACTER}{{2}}。", paragraph).start() + 1
+    planted = text.replace(paragraph, paragraph[:cut] + "\n" + paragraph[cut:], 1)
+    assert not translation.soft_breaks(text) and len(translation.soft_breaks(planted)) == 1
