@@ -15,7 +15,7 @@ PRETEND ?=
 # CUDA torch (docs/gpu.md); another python that has the course's packages and a CUDA torch works too
 GPU_PYTHON ?= $(BIN)/python
 
-.PHONY: help check setup run test lint print hub-collect hub-remove unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
+.PHONY: help check setup run test lint print hub-collect hub-remove hub-progress unit unit-main unit-long unit-scripts unit-hub notebooks lab refresh clean prune gpu-check lock zh book webui-shot student hub \
 	gpu-shape-1 gpu-shape-2 stream-units stream-notebooks
 
 help:
@@ -37,7 +37,8 @@ help:
 	@echo "make webui-shot  photograph SWIFT's Web-UI (headless Chromium) into notebook 09, section 8"
 	@echo "make hub USERS=\"alice bob\"  JupyterHub for a room (as root): a system user, password, notebooks, cores and GPU"
 	@echo "               each; on http://127.0.0.1:8000 (HUB_IP, HUB_PORT; TLS: a reverse proxy in front); Ctrl-C stops all"
-	@echo "make hub-collect  every learner's notebooks and build/ into build/hub/collected/; make hub-remove: their accounts"
+	@echo "make hub-progress  the room's exercises, one row per learner; make hub-collect: every learner's notebooks and"
+	@echo "               build/ into build/hub/collected/; make hub-remove: their accounts, once their work is collected"
 	@echo "make setup    create .venv with the learner's locked packages (every target does it first; GROUP=dev, as test,"
 	@echo "              lint, book, zh, hub and student do: the tests', linters', site's and hub's as well)"
 	@echo "make lint     ruff over the helpers, the tooling, the tests and the notebooks; vulture for dead code"
@@ -203,7 +204,8 @@ webui-shot: setup
 hub: setup
 	@exec $(BIN)/python -m course.hub
 
-# after the day, as root: each learner's ~/course and ~/build into build/hub/collected/ (USERS: some of them); then
-# their accounts and homes removed, refused while anyone's work changed since their last archive
-hub-collect hub-remove: setup
+# as root: the room's progress, one row per learner, each exercise answered (✅, or ❌ and the tries); after the day,
+# each learner's ~/course and ~/build into build/hub/collected/ (USERS: some of them); then their accounts and
+# homes removed, refused while anyone's work changed since their last archive
+hub-progress hub-collect hub-remove: setup
 	@$(BIN)/python -m course.hub $(subst hub-,,$@)

@@ -258,9 +258,14 @@ def models_ahead(profile: str, gpus: int) -> str:
     return f"the {which} profile's model is shared read-only from {paths.relative(paths.models_dir())}"
 
 
+def learner_build(home: Path) -> Path:
+    """A learner's build folder (COURSE_BUILD_DIR), in their home."""
+    return home / "build"
+
+
 def learner_environment(home: Path, cores: list[int], gpu: int | None, profile: str) -> dict[str, str]:
     """What a learner's server and kernels are given: their own folders, the shared models, their share."""
-    build = home / "build"
+    build = learner_build(home)
     env = {
         "COURSE_BUILD_DIR": str(build),
         "COURSE_OUTPUTS_DIR": str(build / "outputs"),
@@ -337,6 +342,29 @@ def collect(learners: dict) -> list[dict]:
                     archive.add(home / part, arcname=f"{name}/{part}", filter=theirs)
         rows.append({"learner": name, "archive": paths.relative(target), "size": f"{target.stat().st_size / 1e6:.1f} MB"})
     return rows
+
+
+def progress(learners: dict) -> list[dict]:
+    """The room's progress, one row per learner: each exercise anyone has answered, ✅ once correct, ❌ and the
+    answers tried so far, · when only opened; read from each learner's build/progress.json (exercises.record)."""
+    from helpers.exercises import PROGRESS
+
+    kept = {}
+    for name, learner in learners.items():
+        try:
+            kept[name] = json.loads((learner_build(Path(learner["home"])) / PROGRESS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            kept[name] = {}
+    answered = sorted({exercise for seen in kept.values() for exercise, entry in seen.items() if entry["tries"]})
+
+    def mark(entry):
+        if not entry:
+            return ""
+        return "✅" if entry["status"] == "correct" else f"❌{entry['tries']}" if entry["tries"] else "·"
+
+    return [{"learner": name, **{exercise: mark(seen.get(exercise)) for exercise in answered},
+             "correct": sum(entry["status"] == "correct" for entry in seen.values())}
+            for name, seen in kept.items()]  # fmt: skip
 
 
 def newest_change(home: Path) -> float:
@@ -528,7 +556,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", nargs="?", default="start", choices=("start", "collect", "remove"))
+    parser.add_argument("action", nargs="?", default="start", choices=("start", "collect", "remove", "progress"))
     parser.add_argument("--users", default=os.environ.get("USERS", ""))
     parser.add_argument("--ip", default=os.environ.get("HUB_IP") or "127.0.0.1")
     parser.add_argument("--port", default=os.environ.get("HUB_PORT") or "8000")
@@ -539,9 +567,10 @@ def main(argv=None) -> int:
     if args.action != "start":
         try:
             if os.geteuid() != 0:
-                raise CourseError(f"it reads the learners' homes and removes accounts: run it as root, sudo make hub-{args.action}.")
+                raise CourseError(f"it reads the learners' homes{' and removes accounts' if args.action == 'remove' else ''}: "
+                                  f"run it as root, sudo make hub-{args.action}.")  # fmt: skip
             learners = chosen(room(), parse_users(args.users) if args.users.strip() else [])
-            print(table(collect(learners) if args.action == "collect" else remove(learners)))
+            print(table({"collect": collect, "remove": remove, "progress": progress}[args.action](learners)))
         except CourseError as exc:
             print(f"make hub-{args.action}: {exc}", file=sys.stderr)
             return 1

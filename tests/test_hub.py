@@ -116,6 +116,30 @@ def test_a_room_too_small_is_refused_before_any_user_or_file_is_made(monkeypatch
     assert "HUB_CROWDED=1, so it goes on" in out and made and err.strip() == "make hub: stopped here"
 
 
+def test_the_rooms_progress_shows_each_learners_own_verdicts(tmp_path, monkeypatch):
+    """Each check() a learner runs is kept in their build folder; make hub-progress prints the room's table."""
+    from helpers import exercises
+
+    learners = {name: {"system": f"course-{name}", "home": str(tmp_path / name)} for name in ("alice", "bob", "carol")}
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(hub.learner_build(tmp_path / "alice")))
+    exercises.check("01.2", ...)  # opened, not answered
+    exercises.check("01.2", 3)  # wrong
+    exercises.check("01.2", 3, solution=True)  # a solution cell's run is not the learner's answer
+    exercises.record("01.2", True)
+    exercises.record("01.2", False)  # once correct, it stays correct
+    exercises.check("03.3", ...)
+    monkeypatch.setenv("COURSE_BUILD_DIR", str(hub.learner_build(tmp_path / "bob")))
+    exercises.check("03.3", 3)
+    exercises.check("03.3", 4)
+    rows = hub.progress(learners)
+    assert rows == [{"learner": "alice", "01.2": "✅", "03.3": "·", "correct": 1},
+                    {"learner": "bob", "01.2": "", "03.3": "❌2", "correct": 0},
+                    {"learner": "carol", "01.2": "", "03.3": "", "correct": 0}]  # fmt: skip
+    kept = json.loads((hub.learner_build(tmp_path / "alice") / exercises.PROGRESS).read_text())
+    assert kept["01.2"]["tries"] == 3 and kept["03.3"] == {"status": "not answered", "tries": 0, "last": kept["03.3"]["last"]}
+    assert "learner  01.2  03.3  correct" in hub.table(rows)
+
+
 def test_collecting_or_removing_a_room_says_in_one_sentence_what_it_needs(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("COURSE_BUILD_DIR", str(tmp_path))
     monkeypatch.setattr(os, "geteuid", lambda: 1000)

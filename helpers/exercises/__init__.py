@@ -5,6 +5,9 @@ registered with ``@checker("01.1")``; the notebook calls ``check("01.1", answer)
 module first. The solution cell (collapsed) asserts ``check(...)`` so CI proves that the reference answer
 passes.
 
+Every verdict on a learner's answer is kept in ``progress.json`` in the build folder (:func:`record`): on the
+room's hub, ``make hub-progress`` prints every learner's as one table.
+
 A checker returns ``(ok, message)`` or raises :class:`Wrong` with the message. The small core below
 fails closed: a number must be a finite real number (no bool, no string), a tensor must be finite, and
 every message names the unit it expects and shows values with ``repr``. The learner's function runs
@@ -121,6 +124,8 @@ def check(exercise: str, answer, solution: bool = False) -> Verdict:
     unanswered = f"Exercise {exercise}: not answered yet. Replace the placeholder and run the cell again."
     if answer is None or answer is Ellipsis or is_placeholder(answer):
         print(unanswered)
+        if not solution:
+            record(exercise, None)
         return Verdict(False)
     try:
         ok, message = _CHECKERS[exercise](answer)
@@ -134,7 +139,34 @@ def check(exercise: str, answer, solution: bool = False) -> Verdict:
         print(f"Exercise {exercise}: ✅ the reference solution passes the checker.")
     else:
         print(f"Exercise {exercise}: {'✅ correct' if ok else '❌ not yet'}. {message}".rstrip())
+    if not solution:
+        record(exercise, ok)
     return Verdict(ok)
+
+
+PROGRESS = "progress.json"  # in the build folder: exercise -> {"status", "tries", "last"}
+
+
+def record(exercise: str, ok: bool | None) -> None:
+    """Keep one more verdict on ``exercise`` (``None``: not answered yet) in the build folder's PROGRESS:
+    its latest status, the answers tried, when. Once correct, it stays correct."""
+    import json
+
+    from helpers import paths
+
+    path = paths.build_dir() / PROGRESS
+    with contextlib.suppress(OSError), paths.locked(path):  # a read-only build folder loses the record, not the verdict
+        try:
+            seen = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            seen = {}
+        entry = seen.get(exercise, {"status": "not answered", "tries": 0})
+        if ok is not None:
+            entry["tries"] += 1
+            entry["status"] = "correct" if ok or entry["status"] == "correct" else "not yet"
+        entry["last"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        seen[exercise] = entry
+        paths.write_atomic(path, json.dumps(seen, indent=1, sort_keys=True))
 
 
 def brief(value, limit: int = 100) -> str:
