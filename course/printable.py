@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from course.browser import Browser
+from course.browser import Browser, chromium
 from helpers import glossary, paths
 
 RUNSHEET = paths.ROOT / "WORKSHOP.md"
@@ -86,8 +86,6 @@ def print_sheet(name: str, folder: Path) -> int:
 
 
 def main() -> int:
-    from course.browser import chromium
-
     if chromium() is None:
         print("error: make print prints through a headless Chromium and none is installed; on Debian or Ubuntu: "
               "apt-get install -y chromium.", file=sys.stderr)  # fmt: skip
