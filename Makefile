@@ -55,10 +55,10 @@ test lint unit notebooks book zh hub student webui-shot: GROUP = dev
 setup:
 	@bash scripts/setup.sh $(GROUP)
 
-# before anything is installed, by the system's python3 whatever its version (scripts/check.py: standard library)
+# before anything is installed, by the system's python3 (course/machine.py: the standard library only)
 check:
 	@command -v python3 >/dev/null || { echo "NO  Python 3.11: there is no python3 on PATH; install Python 3.11."; exit 1; }
-	@python3 scripts/check.py
+	@python3 -m course.machine
 
 run: setup
 	@$(BIN)/python -m course.runner run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))

@@ -10,8 +10,8 @@ mode 0600; an instructor may write their own there first, one ``name password`` 
 - a fixed share of this machine's CPU cores, every core handed out (CPU affinity, which the course's profile and
   torch's threads follow), and one GPU each where GPUs exist (CUDA_VISIBLE_DEVICES).
 
-Before anything is created it refuses, in one sentence, a room of fewer than 2 cores and 8 GB of memory per
-learner (HUB_CROWDED=1 goes on anyway, for a try-out).
+Before anything is created it refuses, in one sentence, a room with less per learner than `make check` asks of
+one learner's machine: 2 cores and 7.5 GB of memory (HUB_CROWDED=1 goes on anyway, for a try-out).
 
 The hub runs as root (only root can create those users and start a server as each of them) from the course's
 .venv, on 127.0.0.1:8000 unless HUB_IP / HUB_PORT say otherwise. Its proxy, the pure-Python
@@ -37,6 +37,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from course import machine
 from helpers import launching, paths
 from helpers.errors import CourseError
 
@@ -107,26 +108,17 @@ def core_shares(cores: list[int], learners: int) -> list[list[int]]:
     return [cores[starts[i] : starts[i + 1]] for i in range(learners)]
 
 
-# What one learner needs (docs/room.md, "Machines"): every notebook's ranks are CPU processes, and 09 peaks at
-# about 6 GB summed over its kernel and launches
-CORES_EACH, MEMORY_EACH_GB = 2, 8
-
-
 def room_problem(learners: int, cores: int, memory_bytes: int) -> str | None:
-    """Why this machine cannot hold ``learners`` at CORES_EACH cores and MEMORY_EACH_GB GB each, or None."""
+    """Why this machine cannot hold ``learners`` with what `make check` asks of one learner's machine
+    (machine.CORES cores and machine.MEMORY_GB GB each), or None."""
     memory_gb = memory_bytes / 1e9
-    if cores >= learners * CORES_EACH and memory_gb >= learners * MEMORY_EACH_GB:
+    if cores >= learners * machine.CORES and memory_gb >= learners * machine.MEMORY_GB:
         return None
-    most = max(0, min(cores // CORES_EACH, int(memory_gb // MEMORY_EACH_GB)))
-    return (f"{learners} learners need {learners * CORES_EACH} cores and {learners * MEMORY_EACH_GB} GB of memory "
-            f"({CORES_EACH} cores and {MEMORY_EACH_GB} GB each), and this machine gives the hub {cores} cores and "
-            f"{memory_gb:.0f} GB: name at most {most} learners in USERS, use a bigger machine, or set HUB_CROWDED=1 "
-            "for a try-out in which notebooks run slower and may run out of memory.")  # fmt: skip
-
-
-def memory_bytes() -> int:
-    """This machine's memory (MemTotal)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    most = max(0, min(cores // machine.CORES, int(memory_gb // machine.MEMORY_GB)))
+    return (f"{learners} learners need {learners * machine.CORES} cores and {learners * machine.MEMORY_GB:.0f} GB of "
+            f"memory ({machine.CORES} cores and {machine.MEMORY_GB} GB each), and this machine gives the hub {cores} "
+            f"cores and {memory_gb:.0f} GB: name at most {most} learners in USERS, use a bigger machine, or set "
+            "HUB_CROWDED=1 for a try-out in which notebooks run slower and may run out of memory.")  # fmt: skip
 
 
 def count_gpus() -> int:
@@ -328,8 +320,8 @@ def collect(learners: dict) -> list[dict]:
     stamp, rows = time.strftime("%Y%m%d-%H%M%S"), []
     for name, learner in learners.items():
         home, uid = Path(learner["home"]), pwd.getpwnam(learner["system"]).pw_uid
-        target = next(folder / f"{name}-{stamp}{f'-{n}' if n else ''}.tgz" for n in range(1000)
-                      if not (folder / f"{name}-{stamp}{f'-{n}' if n else ''}.tgz").exists())  # fmt: skip
+        names = (folder / f"{name}-{stamp}{f'-{n}' if n else ''}.tgz" for n in range(1000))
+        target = next(path for path in names if not path.exists())
 
         def theirs(info, name=name, uid=uid):
             left_out = any(info.name == f"{name}/{part}" or info.name.startswith(f"{name}/{part}/") for part in LEFT_OUT)
@@ -512,7 +504,7 @@ def prepare(
             f'run it as root: sudo make hub USERS="{" ".join(names)}".'
         )
     cores = sorted(os.sched_getaffinity(0))
-    problem = room_problem(len(names), len(cores), memory_bytes())
+    problem = room_problem(len(names), len(cores), machine.memory_bytes())
     if problem and os.environ.get("HUB_CROWDED") != "1":
         raise CourseError(problem)
     if problem:

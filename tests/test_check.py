@@ -1,16 +1,12 @@
 """`make check`: one line per thing the course needs, from a fresh clone, and a NO that says what to do."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
 
+from course import machine as check
 from helpers import paths
 
-SCRIPT = paths.ROOT / "scripts" / "check.py"
-spec = importlib.util.spec_from_file_location("machine_check", SCRIPT)
-check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check)
 NEEDS = ["Linux x86-64", "Python 3.11", "make", "a C++ compiler", "2 CPU cores", "about 8 GB of memory",
          "5 GB of free disk", "network for set-up"]  # fmt: skip
 

@@ -1,7 +1,7 @@
 """`make check`: one line per thing the course needs from this machine, before anything is installed.
 
-Run by the system's python3 with the standard library only, whatever its version, so that a learner can run it
-on a fresh clone and paste its lines back (docs/room.md, "Before and after the day"). Each line starts with ok or
+``python3 -m course.machine``, by the system's python3: the standard library only (course/__init__.py imports
+nothing), so that a learner can run it on a fresh clone and paste its lines back (docs/room.md, "Before and after the day"). Each line starts with ok or
 NO; a NO says what to do. The exit status is 1 when a line says NO.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what one learner needs (docs/room.md, "Machines"): the lock is resolved for CPython 3.11 on Linux x86-64
+# what one learner needs (course/hub.py asks as much per learner of the room's server) (docs/room.md, "Machines"): the lock is resolved for CPython 3.11 on Linux x86-64
 # with glibc 2.28 or newer (scripts/lock.py), every rank is a CPU process, 09 peaks near 6 GB, and .venv,
 # the models and one merge take about 5 GB
 PYTHON_VERSION = (3, 11)
