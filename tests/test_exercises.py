@@ -1765,11 +1765,45 @@ def test_every_registered_exercise_has_tests():
         assert len(ex.wrong) >= 4, name
 
 
+def worlds_launched(monkeypatch) -> list[int]:
+    """The numbers of ranks the exercises' checkers launch from now on, in order (on_ranks and torchrun)."""
+    from helpers import launching
+    from helpers.exercises import nb03, nb04, nb05, nb06
+
+    worlds = []
+
+    def recording(real):
+        def run(fn, world=2, *args, **kwargs):
+            worlds.append(world)
+            return real(fn, world, *args, **kwargs)
+
+        return run
+
+    for module in (nb03, nb04, nb05):
+        monkeypatch.setattr(module, "on_ranks", recording(exercises.on_ranks))
+    monkeypatch.setattr(nb06.exercises, "on_ranks", recording(exercises.on_ranks))
+    real_torchrun = launching.torchrun
+    monkeypatch.setattr(
+        launching,
+        "torchrun",
+        lambda *a, nproc=2, **k: (worlds.append(nproc), real_torchrun(*a, nproc=nproc, **k))[1],
+    )
+    return worlds
+
+
 @pytest.mark.parametrize("name", sorted(EXERCISES))
-def test_the_solution_passes_and_wrong_answers_fail_saying_why(name, capsys):
+def test_the_solution_passes_and_wrong_answers_fail_saying_why(name, capsys, monkeypatch):
+    """And an on-ranks checker runs the solution on 2 ranks and on 3 (the ring, whose structure changes with the
+    number of ranks, and 06.4 on 4 too): a hook or script right on 2 ranks only (a world size written in) must
+    not pass."""
     ex = EXERCISES[name]
+    worlds = worlds_launched(monkeypatch)
     ok, out = verdict(capsys, name, ex.solution)
     assert ok, out
+    if name in ON_RANKS:
+        assert sorted(set(worlds)) == ([2, 3, 4] if name in ("03.3", "06.4") else [2, 3]), (name, worlds)
+    else:
+        assert worlds == [], (name, worlds)
     for i, (answer, fragment) in enumerate(ex.wrong):
         if name == "01.1" and fragment is None:
             continue  # a float32 answer is right, see test_dtype_tolerant
@@ -1809,37 +1843,6 @@ def test_right_answers_written_another_way_pass(name, i, capsys):
 
 def test_every_on_ranks_exercise_has_two_right_answers_written_another_way():
     assert {name for name in ON_RANKS if len(ALSO_RIGHT.get(name, ())) >= 2} == ON_RANKS
-
-
-def test_each_on_ranks_checker_runs_its_solution_on_2_and_3_ranks(monkeypatch, capsys):
-    """A hook or script right on 2 ranks only (a world size written in) must not pass: every checker tries 3 too,
-    and the ring, whose structure changes with the number of ranks, 4."""
-    from helpers import launching
-    from helpers.exercises import nb03, nb04, nb05, nb06
-
-    worlds = []
-
-    def recording(real):
-        def run(fn, world=2, *args, **kwargs):
-            worlds.append(world)
-            return real(fn, world, *args, **kwargs)
-
-        return run
-
-    for module in (nb03, nb04, nb05):
-        monkeypatch.setattr(module, "on_ranks", recording(exercises.on_ranks))
-    monkeypatch.setattr(nb06.exercises, "on_ranks", recording(exercises.on_ranks))
-    real_torchrun = launching.torchrun
-    monkeypatch.setattr(
-        launching,
-        "torchrun",
-        lambda *a, nproc=2, **k: (worlds.append(nproc), real_torchrun(*a, nproc=nproc, **k))[1],
-    )
-    for name in sorted(ON_RANKS):
-        worlds.clear()
-        ok, out = verdict(capsys, name, EXERCISES[name].solution)
-        assert ok, out
-        assert sorted(set(worlds)) == ([2, 3, 4] if name in ("03.3", "06.4") else [2, 3]), (name, worlds)
 
 
 def test_a_deadlocked_ring_is_named_within_seconds(capsys):
