@@ -81,7 +81,7 @@ SCRIPTS_TEST := tests/test_scripts.py
 HUB_TEST := tests/test_hub.py
 # the unit tests that start the most processes (every exercise's checker, on real ranks where it runs there; the
 # runner's own notebook runs; 11's ZeRO-2 pitfall through SWIFT): about half of the unit tests' time, so that
-# make test can put one half in each of two streams
+# make test can put one half in each stream
 HEAVY := tests/test_exercises.py tests/test_notebooks.py tests/test_zero_pitfall.py
 unit-main:
 	$(BIN)/python -m pytest tests -ra --durations=10 $(addprefix --ignore=,$(SHAPE) $(LONG) $(SCRIPTS_TEST) $(HUB_TEST) $(HEAVY))
@@ -93,7 +93,7 @@ unit-heavy:
 unit-scripts:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/scripts $(BIN)/python -m pytest -p no:cacheprovider -ra $(SCRIPTS_TEST)
 
-# two learners on `make hub` in Chromium (about a minute)
+# two learners on `make hub` in Chromium (about a minute): last in make test's notebooks stream, the shorter one
 unit-hub:
 	COURSE_TEST_BUILD=$(CURDIR)/build/test/hub $(BIN)/python -m pytest -p no:cacheprovider -ra $(HUB_TEST)
 
@@ -112,19 +112,15 @@ gpu-shape-1 gpu-shape-2:
 # (tests/test_gpu_check.py holds this list to the notebooks that call profiles.ranks_on_cpu).
 WHOLE_IN_SHAPE := 03 04 05 06
 
-# make test's three streams, about equally long (their parts' lengths: docs/testing.md); three on 2 cores, so
-# that one stream's waits (a hang left to time out, a server starting, a browser) leave the cores to the other
-# two. Each runs all its parts even when one fails.
-STREAMS := stream-shape-2 stream-heavy stream-notebooks
-stream-shape-2:
-	@status=0; for part in gpu-shape-2 unit-scripts unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
-
-stream-heavy:
-	@status=0; for part in unit-heavy gpu-shape-1 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
+# make test's two streams, about equally long on 2 cores (the unit tests split in two, one half in each); each
+# runs all its parts even when one fails
+stream-units:
+	@status=0; for part in unit-heavy gpu-shape-2 unit-long; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 stream-notebooks:
-	@status=0; $(MAKE) --no-print-directory notebooks SKIP="$(WHOLE_IN_SHAPE)" || status=1; \
-		$(MAKE) --no-print-directory unit-main || status=1; exit $$status
+	@status=0; $(MAKE) --no-print-directory gpu-shape-1 || status=1; \
+		$(MAKE) --no-print-directory notebooks SKIP="$(WHOLE_IN_SHAPE)" || status=1; \
+		for part in unit-scripts unit-main unit-hub; do $(MAKE) --no-print-directory $$part || status=1; done; exit $$status
 
 # Every English notebook on smoke but those SKIP names, and one Chinese one as a spot check (their code is the
 # English code, tests/test_translation.py).
@@ -135,12 +131,12 @@ notebooks: setup
 		--nbval-cell-timeout=600 $(filter-out $(foreach n,$(SKIP),notebooks/$(n)_%),$(wildcard notebooks/[0-9]*.ipynb)) \
 		notebooks/zh/01_*.ipynb
 
-# make test: lint, then three streams side by side: make gpu-check in its gpu shape for 2 processes, the scripts
-# and the hub; the heavy half of the unit tests, the gpu shape for 1 process and the longest unit tests; the
-# notebooks (but WHOLE_IN_SHAPE) and the other half of the unit tests.
+# make test: lint, then two streams side by side, one per core: the heavy half of the unit tests, then make
+# gpu-check in its gpu shape for 2 processes, then LONG; and the same for 1 process, then the notebooks (but
+# WHOLE_IN_SHAPE), the scripts, the other half of the unit tests and the hub.
 test: lint
-	@echo "three streams side by side: gpu-check NPROC=2, the scripts, the hub; half the unit tests, gpu-check NPROC=1, the longest unit tests; the notebooks but 03-06 (whole in NPROC=2), the other half (each stream's output follows when it ends) ..."
-	@$(MAKE) --no-print-directory -j3 --output-sync=target $(STREAMS)
+	@echo "two streams side by side: half the unit tests, gpu-check NPROC=2, the longest unit tests; gpu-check NPROC=1, the notebooks but 03-06 (whole in NPROC=2), the scripts, the other half, the hub (each stream's output follows when it ends) ..."
+	@$(MAKE) --no-print-directory -j2 --output-sync=target stream-units stream-notebooks
 	@echo "What make gpu-check would run on 1 and on 8 GPUs (no GPU here):"
 	@$(BIN)/python -m course.runner gpu-check --dry
 	@if [ -n "$$(git status --porcelain)" ]; then \

@@ -47,6 +47,7 @@ TAKE_AWAY: dict[str, tuple[int, list[str]]] = {
     "inside_buckets.py": (2, ["--caps", "0.1", "1"]),
     "inside_collectives.py": (2, []),
     "inside_optimizers.py": (2, ["--steps", "3"]),
+    "inside_precision.py": (2, []),
     "inside_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
                               "--sweep-caps", "0.01", "1"]),
     "lab_overlap.py": (2, ["--width", "32", "--depth", "2", "--batch", "4", "--iters", "2", "--timeline-mb", "0.01",
