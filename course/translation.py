@@ -48,6 +48,105 @@ WRONG_FORMS: tuple[tuple[str, str], ...] = (
 CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"  # ideographs and full-width punctuation
 
 
+# One Chinese form per term: beyond a term's English, the forms the Chinese edition must not write for it,
+# keyed by the glossary's English (data/glossary.csv); a term's English is one of them wherever its Chinese is not.
+OTHER_FORMS: dict[str, tuple[str, ...]] = {
+    "rank": ("进程编号",),
+    "replicate": ("拷贝",),
+    "DistributedDataParallel": ("分布式数据并行",),
+    "distributed data parallel (DDP)": ("分布式数据并行",),
+    "main device": ("主 GPU",),
+    "global interpreter lock (GIL)": ("全局解释器锁",),
+    "bucket": ("通信桶",),
+    "alpha-beta model (latency and bandwidth)": ("延迟-带宽模型",),
+    "global batch": ("全局批大小",),
+    "offline": ("断网",),
+    "Web-UI / web UI": ("网页界面",),
+    "merged model": ("合并模型",),
+    "model hub (ModelScope)": ("模型仓库",),
+    "device map": ("设备映射",),
+    "Zero Redundancy Optimizer (ZeRO)": ("零冗余优化器",),
+    "fully sharded data parallel (FSDP)": ("全分片数据并行",),
+    "tips": ("技巧",),
+    "hang": ("挂起",),
+    "non-reentrant": ("非重入",),
+    "finding (a result beyond the noise)": ("项发现", "算发现"),
+    "first moment (Adam's m)": ("矩估计", "两个矩", "Adam 的两个动量", "Adam 动量", "优化器的动量"),
+    "system prompt": ("system 提示词",),
+    "original tutorial (ModelScope's)": ("原文配方",),
+}
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff"
+
+
+def _form_pattern(form: str) -> re.Pattern:
+    """``form`` where it stands as a word: an English form with ASCII word boundaries (a CJK character is no
+    boundary for \\b), in any case and with a plural ending; a Chinese form as it is."""
+    if not form.isascii():
+        return re.compile(re.escape(form))
+    words = r"[ -]".join(re.escape(w) for w in re.split(r"[ -]", form))
+    return re.compile(rf"(?<![A-Za-z0-9_./-]){words}(?:s|es)?(?![A-Za-z0-9_/-]|\.[A-Za-z])", re.I)
+
+
+def _others(term: glossary.Term) -> list[str]:
+    """The forms of ``term`` the edition must not write: its English (where its Chinese is not English) and
+    OTHER_FORMS's."""
+    chosen = {form.lower().replace("-", " ") for form in term.chinese_forms}
+    english = [form for form in term.english_forms if form.lower().replace("-", " ") not in chosen]
+    return english + list(OTHER_FORMS.get(term.english, ()))
+
+
+def chinese_prose(markdown_text: str) -> str:
+    """``prose`` less display math, quotations (「」: a source's own words, a printed message) and the table
+    cells that hold no Chinese (an English column)."""
+    text = glossary.prose(re.sub(r"\$\$.*?\$\$", " ", markdown_text, flags=re.S))
+    text = re.sub(r"「[^「」\n]*」", lambda m: " " * len(m.group(0)), text)
+    return re.sub(r"(?<=\|)[^|\n]*(?=\|)", lambda m: m.group(0) if re.search(f"[{_CJK}]", m.group(0)) else " ",
+                  text)
+
+
+def second_forms(cells: list[str]) -> list[tuple[int, str, str]]:
+    """(cell index, what it writes, what to write instead) for each place where the Chinese ``cells`` of one
+    document (a notebook's markdown cells in order, or a page as one cell) use a term's other form: its English
+    or an OTHER_FORMS entry. Allowed once per term and document, at the term's first mention outside headings:
+    a gloss 中文（English）, the Chinese form with its English (全规约（all-reduce）) or, for a term kept in
+    English, its Chinese name with the term (分布式数据并行（DDP）)."""
+    by_length = sorted(glossary.terms(), key=lambda t: -max(map(len, t.chinese_forms + t.english_forms)))
+    found, seen = [], set()
+    for index, cell in enumerate(cells):
+        text = chinese_prose(cell)
+        mentions = []  # (position, term, None for the chosen form, else ("gloss" or "other", what it writes))
+        for term in by_length:  # a longer term first: its gloss and its English are not a shorter term's
+            chosen, others = term.chinese_forms[0], _others(term)
+            pairs = [(chosen, o) for o in others if o.isascii() and not chosen.isascii()]
+            pairs += [(o, chosen) for o in others if not o.isascii() and chosen.isascii()]
+            spans = []
+            for outer, inner in pairs:
+                gloss = re.compile(rf"{re.escape(outer)}(?:\*\*)?（\s*{_form_pattern(inner).pattern}\s*）", re.I)
+                spans += [(m.start(), m.end()) for m in gloss.finditer(text)]
+            mentions += [(start, term, ("gloss", text[start:end])) for start, end in spans]
+            rest = list(text)
+            for start, end in spans:
+                rest[start:end] = " " * (end - start)
+            rest = "".join(rest)
+            for m in _form_pattern(chosen).finditer(rest):
+                mentions.append((m.start(), term, None))
+                spans.append((m.start(), m.end()))
+            for form in others:
+                for m in _form_pattern(form).finditer(rest):
+                    mentions.append((m.start(), term, ("other", m.group(0))))
+                    spans.append((m.start(), m.end()))
+            for start, end in spans:  # what this term wrote is no shorter term's (环形全规约, 全规约)
+                text = text[:start] + " " * (end - start) + text[end:]
+        headings = [m.span() for m in re.finditer(r"^#.*$", text, flags=re.M)]
+        for position, term, what in sorted(mentions, key=lambda mention: mention[0]):
+            if what is not None and (what[0] == "other" or term.english in seen):
+                instead = term.chinese_forms[0] if what[0] == "other" else "the gloss only at the first mention"
+                found.append((index, what[1], instead))
+            if not any(start <= position < end for start, end in headings):  # a heading's body may gloss
+                seen.add(term.english)
+    return found
+
+
 def catalog_path(notebook: Path) -> Path:
     return CATALOGS / f"{Path(notebook).stem}.po"
 
@@ -220,6 +319,11 @@ def problems(notebook: Path, po: polib.POFile | None = None) -> list[str]:
             for term in glossary.missing(text, entry.msgstr):
                 found.append(f"{where}: the English says {term.english_forms[0]!r}; the translation should use "
                              f"the glossary's {' or '.join(map(repr, term.chinese_forms))} (data/glossary.csv).")
+    if not found:  # every cell translated: each term in one Chinese form across the notebook
+        ids = [cell_id for cell_id, _ in markdown_cells(notebook)]
+        for index, what, instead in second_forms([entries[cell_id].msgstr for cell_id in ids]):
+            found.append(f"{notebook.name}, cell {ids[index]}: the translation writes {what!r}; write {instead} "
+                         f"(one form per term: data/glossary.csv, and course/translation.py's OTHER_FORMS).")
     for entry in po:
         if entry.obsolete:
             found.append(f"{notebook.name}, cell {entry.msgctxt}: obsolete entry (the cell is gone); "
