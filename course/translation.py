@@ -45,7 +45,8 @@ WRONG_FORMS: tuple[tuple[str, str], ...] = (
     (r"对损失是线性的", "求梯度是线性运算"),
     (r"主副本", "主权重 (master weights)"),
 )
-CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"  # ideographs and full-width punctuation
+IDEOGRAPHS = "\u3400-\u4dbf\u4e00-\u9fff"  # CJK ideographs (a character class's ranges)
+CJK = f"\u3000-\u303f{IDEOGRAPHS}\uff00-\uffef"  # ideographs and full-width punctuation
 
 
 # One Chinese form per term: beyond a term's English, the forms the Chinese edition must not write for it,
@@ -75,7 +76,6 @@ OTHER_FORMS: dict[str, tuple[str, ...]] = {
     "system prompt": ("system 提示词",),
     "original tutorial (ModelScope's)": ("原文配方",),
 }
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff"
 
 
 def _form_pattern(form: str) -> re.Pattern:
@@ -100,7 +100,7 @@ def chinese_prose(markdown_text: str) -> str:
     cells that hold no Chinese (an English column)."""
     text = glossary.prose(re.sub(r"\$\$.*?\$\$", " ", markdown_text, flags=re.S))
     text = re.sub(r"「[^「」\n]*」", lambda m: " " * len(m.group(0)), text)
-    return re.sub(r"(?<=\|)[^|\n]*(?=\|)", lambda m: m.group(0) if re.search(f"[{_CJK}]", m.group(0)) else " ",
+    return re.sub(r"(?<=\|)[^|\n]*(?=\|)", lambda m: m.group(0) if re.search(f"[{IDEOGRAPHS}]", m.group(0)) else " ",
                   text)
 
 

@@ -254,7 +254,7 @@ def test_the_chinese_edition_writes_one_form_per_term(name, cells):
     assert not found, f"{name}: " + "\n".join(found)
 
 
-CJK_CHARACTER = "[\u3400-\u4dbf\u4e00-\u9fff]"
+CJK_CHARACTER = f"[{translation.IDEOGRAPHS}]"
 
 
 def typography_problems(markdown: str) -> list[str]:
